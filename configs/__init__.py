@@ -1,0 +1,1 @@
+"""Shipped YAML configs (installed with the package so `--config NAME` works after `pip install .`)."""

@@ -1,0 +1,1 @@
+"""A distributed training launcher for PyTorch: one command from laptop to cluster."""

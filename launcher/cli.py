@@ -1,0 +1,133 @@
+"""Command line -> typed config -> run. Thin on purpose: the work happens in launcher.run."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import List, NoReturn, Optional, Tuple
+
+from launcher.errors import ConfigError, LauncherError
+
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+EPILOG = """\
+examples:
+  python -m launcher --nodes 1 --gpus 2                     built-in DDP job, 2 workers
+  python -m launcher --gpus 4 trainer.steps=500 data.batch_size=64
+  python -m launcher --gpus 2 train.py --lr 0.1             your torchrun-style script, args passed through
+  python -m launcher --gpus 2 -m mypkg.train --epochs 3     a module, like python -m
+  python -m launcher --config configs/quick.yaml --dry-run  print the resolved config and plan only
+  python -m launcher --show-config                          every config key with its default
+
+Configuration precedence: built-in defaults < --config YAML < flags and key=value overrides.
+Without CUDA, --gpus G runs G CPU workers with gloo.
+"""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line with a pointer to --help, exit code 2."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m launcher",
+        description="Launch a PyTorch distributed training job: built-in trainer or your own torchrun-style script.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", type=_int_flag("--nodes"), metavar="N", help="number of nodes (default 1); e.g. --nodes 2")
+    p.add_argument("--gpus", type=_int_flag("--gpus"), metavar="G",
+                   help="workers per node: one per GPU, or G CPU workers with gloo when there is no CUDA; e.g. --gpus 4")
+    p.add_argument("--config", metavar="FILE", help="a YAML config (path, or a name from configs/ such as 'quick')")
+    p.add_argument("--max-restarts", type=_int_flag("--max-restarts"), metavar="K",
+                   help="restart the workers up to K times when one fails (launcher.max_restarts)")
+    p.add_argument("--rdzv-timeout", type=_int_flag("--rdzv-timeout"), metavar="SECONDS",
+                   help="how long a node waits for the others (rdzv.timeout_s, default 60)")
+    p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default runs)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
+    p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as the script, like python -m MODULE")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. trainer.steps=50 seed=1")
+    return p
+
+
+def _int_flag(name: str):
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} expects a whole number, got '{text}'") from None
+    return parse
+
+
+def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[str], List[str]]:
+    """Split launcher arguments from the script and its arguments.
+
+    The script starts at `-m MODULE` or at the first bare word that is not a flag's value and
+    not a key=value override; everything after it belongs to the script.
+    """
+    takes_value = {s for a in parser._actions if a.nargs != 0 and a.option_strings for s in a.option_strings}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m":
+            return argv[: i + 2], argv[i + 2:]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if token.startswith("-"):
+            i += 2 if token in takes_value else 1
+            continue
+        if OVERRIDE.match(token):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def parse_args(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+    parser = build_parser()
+    ours, script = split_argv(argv, parser)
+    args = parser.parse_intermixed_args(ours)
+    return args, script
+
+
+def config_overrides(args: argparse.Namespace) -> List[str]:
+    """Flags become overrides of their config keys, applied after the user's key=value items."""
+    overrides = list(args.overrides)
+    for flag, key in (("nodes", "nodes"), ("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
+                      ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return overrides
+
+
+def script_spec(args: argparse.Namespace, script: List[str]) -> Optional[Tuple[str, bool, List[str]]]:
+    """(path or module, is_module, arguments) of the user's script, or None for the built-in trainer."""
+    if args.module:
+        return args.module, True, script
+    if script:
+        return script[0], False, script[1:]
+    return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, script = parse_args(argv)
+    except SystemExit as e:  # argparse printed usage and one line already
+        return int(e.code or 0)
+    try:
+        from launcher.run import run
+
+        return run(args, config_overrides(args), script_spec(args, script))
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

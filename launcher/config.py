@@ -1,0 +1,224 @@
+"""The typed configuration: schema, loading and validation.
+
+Precedence, lowest to highest: dataclass defaults < YAML file (--config) < command-line
+flags and ``key=value`` overrides. Everything past ``load_config`` sees plain dataclasses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from launcher.errors import ConfigError
+
+STRATEGIES = ("ddp",)
+MODELS = ("mlp",)
+WANDB_MODES = ("offline", "online", "disabled")
+START_METHODS = ("auto", "fork", "spawn")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+_SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"  # a built-in model: mlp
+    in_dim: int = 256  # input features (mlp)
+    hidden: int = 512  # hidden width (mlp: 4 layers of 512 is about 0.9M parameters)
+    depth: int = 4  # hidden layers (mlp)
+    classes: int = 10  # output classes
+
+
+@dataclass
+class DataConfig:
+    batch_size: int = 32  # per worker; the global batch is batch_size x world size
+    dataset_size: int = 8192  # samples in the deterministic synthetic dataset
+    record_shards: bool = False  # each rank writes the indices it saw in epoch 0 to shards/
+
+
+@dataclass
+class TrainerConfig:
+    strategy: str = "ddp"  # how the model is parallelised: ddp
+    steps: int = 200  # optimizer steps to run
+    lr: float = 1e-3  # AdamW learning rate
+    log_every: int = 10  # write a metrics.jsonl line every N steps (and at the last step)
+
+
+@dataclass
+class RendezvousConfig:
+    timeout_s: int = 60  # how long a node waits for the others before giving up
+
+
+@dataclass
+class LaunchSection:
+    start_method: str = "auto"  # auto (fork from a warm agent where safe) | fork | spawn
+    max_restarts: int = 0  # restart all workers up to this many times when one fails
+    omp_threads: int = 0  # threads per worker; 0 = cores / workers per node (at least 1)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline (no key, no network) | online | disabled
+    project: str = "launcher"  # W&B project
+    entity: Optional[str] = None  # W&B team or user; None = the key's default
+    group: Optional[str] = None  # W&B group, e.g. to gather a sweep
+    tags: List[str] = field(default_factory=list)  # W&B tags
+
+
+@dataclass
+class ScriptConfig:
+    path: Optional[str] = None  # a torchrun-style script (or module with module=true) to run
+    module: bool = False  # path is a module name, run like `python -m path`
+    args: List[str] = field(default_factory=list)  # arguments passed through to the script
+
+
+@dataclass
+class Config:
+    nodes: int = 1  # number of nodes (machines)
+    gpus: int = 1  # worker processes per node: one per GPU, or CPU workers without CUDA
+    seed: int = 0  # seeds every RNG (model init from seed, data order from seed and rank)
+    output_dir: str = "runs"  # each run gets <output_dir>/<run_id>/
+    run_id: Optional[str] = None  # None = a fresh id from the time and a random suffix
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rdzv: RendezvousConfig = field(default_factory=RendezvousConfig)
+    launcher: LaunchSection = field(default_factory=LaunchSection)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    script: ScriptConfig = field(default_factory=ScriptConfig)
+
+
+def resolve_config_path(name: str) -> Path:
+    """A --config value: a file path, or the name of a YAML file shipped in configs/."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if shipped.is_file():
+        return shipped
+    if path.is_dir():
+        raise ConfigError(f"--config {name} is a directory: pass a YAML file")
+    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config {name}: no such file (shipped configs: {choices})")
+
+
+def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]] = None) -> Config:
+    """Merge defaults < YAML file < overrides into a validated Config."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    merged = OmegaConf.structured(Config)
+    layers: list[tuple[str, Any]] = []
+    if config_file:
+        path = resolve_config_path(config_file)
+        try:
+            layers.append((f"--config {path}", OmegaConf.load(path)))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--config {path}: cannot read it ({e.__class__.__name__}): check the path and permissions") from e
+        except Exception as e:  # yaml.YAMLError and friends: the message names the line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise ConfigError(f"--config {path} is not valid YAML ({first}): fix the file") from e
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value: write it like trainer.steps=50")
+        layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+    for where, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_explain(where, e)) from e
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, Config)
+    validate(cfg)
+    return cfg
+
+
+def _explain(where: str, e: Exception) -> str:
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    key = getattr(e, "full_key", None) or "?"
+    if isinstance(e, ConfigKeyError):
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        return f"{where}: unknown config key '{key}': see `python -m launcher --show-config` for the keys{' under ' + parent if parent else ''}"
+    if isinstance(e, ValidationError):
+        msg = str(e).splitlines()[0]
+        return f"{where}: wrong type for '{key}': {msg}; see `python -m launcher --show-config` for its type"
+    return f"{where}: {str(e).splitlines()[0]}"
+
+
+def validate(cfg: Config) -> None:
+    """Check values the type system cannot; every message names the fix."""
+    _at_least(cfg.nodes, 1, "--nodes")
+    _at_least(cfg.gpus, 1, "--gpus")
+    _at_least(cfg.trainer.steps, 1, "trainer.steps")
+    _at_least(cfg.trainer.log_every, 1, "trainer.log_every")
+    _at_least(cfg.data.batch_size, 1, "data.batch_size")
+    _at_least(cfg.data.dataset_size, 1, "data.dataset_size")
+    _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
+    _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
+    _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
+    if cfg.trainer.lr <= 0:
+        raise ConfigError(f"trainer.lr={cfg.trainer.lr} must be positive: try trainer.lr=1e-3")
+    _one_of(cfg.trainer.strategy, STRATEGIES, "trainer.strategy")
+    _one_of(cfg.model.name, MODELS, "model.name")
+    _one_of(cfg.wandb.mode, WANDB_MODES, "wandb.mode")
+    _one_of(cfg.launcher.start_method, START_METHODS, "launcher.start_method")
+    world = cfg.nodes * cfg.gpus
+    if cfg.data.batch_size * world > cfg.data.dataset_size:
+        raise ConfigError(
+            f"data.dataset_size={cfg.data.dataset_size} is smaller than one global batch "
+            f"({cfg.data.batch_size} x {world} workers): raise data.dataset_size or lower data.batch_size"
+        )
+    if cfg.script.path is not None and not cfg.script.module:
+        _check_script(cfg.script.path)
+
+
+def _check_script(path: str) -> None:
+    if os.path.isdir(path):
+        raise ConfigError(f"script {path} is a directory: pass a .py file, or -m package.module")
+    if not os.path.isfile(path):
+        raise ConfigError(f"script {path} does not exist: check the path (or use -m for a module)")
+
+
+def _at_least(value: int, low: int, name: str) -> None:
+    if value < low:
+        raise ConfigError(f"{name}={value} must be at least {low}")
+
+
+def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value} is not one of: {', '.join(choices)}")
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, with anything that looks like a secret redacted."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg))))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(OmegaConf.structured(cfg))
+    assert isinstance(container, dict)
+    return container  # type: ignore[return-value]
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from to_dict() output (as shipped to workers or read from a run)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data))
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value

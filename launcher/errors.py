@@ -1,0 +1,27 @@
+"""The launcher's error hierarchy: user errors carry a hint and map to an exit code."""
+
+from __future__ import annotations
+
+
+class LauncherError(Exception):
+    """Base class for errors the launcher reports in one line, without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(LauncherError):
+    """Bad command line, config file, key or value: the user can fix it (exit code 2)."""
+
+    exit_code = 2
+
+
+class LaunchError(LauncherError):
+    """Something outside the config prevented the job from starting (exit code 1)."""
+
+
+class WorkerFailedError(LauncherError):
+    """One or more workers failed; the message names the ranks and their errors."""
+
+
+class RendezvousError(LauncherError):
+    """Nodes could not find each other in time."""

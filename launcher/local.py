@@ -1,0 +1,102 @@
+"""Executes a launch plan on this machine: torch's elastic agent starts and watches the workers.
+
+This is the one module that starts worker processes for local runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from launcher.errors import RendezvousError, WorkerFailedError
+from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
+from launcher.plan import LaunchPlan
+from launcher.worker import WorkerSpec, run_worker
+
+log = logging.getLogger("launcher")
+
+
+def preload_for_workers() -> None:
+    """Import what every worker needs once, in the agent, so forked workers start warm.
+
+    Imports only: no tensor is created and no thread pool started before the fork.
+    """
+    import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
+    import torch.nn.parallel  # noqa: F401
+    import trainers.train  # noqa: F401
+
+
+def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
+    """Run this node's agent to completion; returns ({local_rank: result}, restarts)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.update(plan.agent_env)
+    os.environ.update(plan.worker_env)  # workers inherit the agent's environment
+    if plan.start_method == "fork":
+        preload_for_workers()
+    launch_config = LaunchConfig(
+        min_nodes=plan.nodes,
+        max_nodes=plan.nodes,
+        nproc_per_node=plan.workers_per_node,
+        run_id=plan.rdzv_id,
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_endpoint=plan.rdzv_endpoint,
+        rdzv_configs={"join_timeout": plan.rdzv_timeout_s},
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        start_method=plan.start_method,
+        logs_specs=RunDirLogsSpecs(Path(plan.run_dir) / "logs"),
+        log_line_prefix_template=CONSOLE_PREFIX,
+    )
+    spec = WorkerSpec(config=config, run_dir=plan.run_dir)
+    try:
+        results = elastic_launch(launch_config, run_worker)(spec)
+    except ChildFailedError as e:
+        raise WorkerFailedError(describe_failure(e, plan)) from e
+    except TorchRendezvousError as e:
+        raise RendezvousError(
+            f"nodes did not meet at {plan.rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
+            "check the address, the port, the firewall and the other nodes' commands"
+        ) from e
+    restarts = max((r or {}).get("restart_count", 0) for r in results.values()) if results else 0
+    return results, restarts
+
+
+def describe_failure(error: Any, plan: LaunchPlan) -> str:
+    """'rank 1 failed (exit code 1): ValueError: boom; see <run_dir>/logs/rank-1.log' for the first failure."""
+    rank, failure = error.get_first_failure()
+    reason = _failure_reason(failure)
+    others = sorted(r for r in error.failures if r != rank)
+    also = f" (ranks {', '.join(map(str, others))} failed too)" if others else ""
+    log_file = Path(plan.run_dir) / "logs" / f"rank-{rank}.log"
+    return f"rank {rank} failed: {reason}{also}; see {log_file}"
+
+
+def _failure_reason(failure: Any) -> str:
+    if failure.exitcode is not None and failure.exitcode < 0:
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        return f"killed by {name}"
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message or "").strip()
+    if text.startswith("To enable traceback") or not text:
+        return f"exit code {failure.exitcode}"
+    first = text.splitlines()[0]
+    return f"exit code {failure.exitcode}: {first}"
+
+
+def first_result(results: Dict[int, Any]) -> Optional[Dict[str, Any]]:
+    """Rank 0's result where this node ran it."""
+    for result in results.values():
+        if isinstance(result, dict) and result.get("rank") == 0:
+            return result
+    return None

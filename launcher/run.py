@@ -1,0 +1,124 @@
+"""The `run` command: config -> plan -> run directory -> execute -> summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from launcher.config import Config, ScriptConfig, load_config, to_dict, to_yaml, validate
+from launcher.errors import LauncherError, WorkerFailedError
+from launcher.plan import Hardware, LaunchPlan, build_plan, new_run_id
+from launcher.rundir import build_summary, create_run_dir, write_atomic, write_json
+
+
+def resolve_config(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[str, bool, List[str]]]) -> Config:
+    cfg = load_config(args.config, overrides)
+    if script is not None:
+        path, module, script_args = script
+        cfg.script = ScriptConfig(path=path, module=module, args=list(script_args))
+        validate(cfg)
+    return cfg
+
+
+def detect_hardware() -> Hardware:
+    """Ask torch what this machine has, without initialising CUDA in this process."""
+    import torch
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    fork_safe = hasattr(os, "fork") and not torch.cuda.is_initialized()
+    return Hardware(cuda_devices=cuda, cpu_cores=cores, fork_safe=fork_safe)
+
+
+def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[str, bool, List[str]]]) -> int:
+    started = _process_start_time()
+    cfg = resolve_config(args, overrides, script)
+    if args.show_config:
+        print(to_yaml(cfg), end="")
+        return 0
+    run_id = cfg.run_id or new_run_id()
+    run_dir = str(Path(cfg.output_dir).resolve() / run_id)
+    plan = build_plan(cfg, detect_hardware(), run_id, run_dir)
+    if args.dry_run:
+        print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
+        return 0
+    create_run_dir(cfg.output_dir, run_id)
+    return execute(cfg, plan, started)
+
+
+def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
+    from launcher.local import first_result, run_node
+    from launcher.logs import setup_launcher_logging
+
+    run_dir = Path(plan.run_dir)
+    log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    write_json(run_dir / "plan.json", plan.to_dict())
+    for notice in plan.notices:
+        log.info(notice)
+    log.info(f"run {plan.run_id}: {plan.world_size} workers ({plan.nodes} node x {plan.workers_per_node}), "
+             f"{plan.backend}, start method {plan.start_method}; run directory {run_dir}")
+    os.environ["LAUNCHER_START_TIME"] = repr(started)
+    base: Dict[str, Any] = {
+        "run_id": plan.run_id, "world_size": plan.world_size, "nodes": plan.nodes,
+        "gpus_per_node": plan.workers_per_node, "backend": plan.backend, "device_type": plan.device_type,
+        "strategy": cfg.trainer.strategy if cfg.script.path is None else None,
+        "model": cfg.model.name if cfg.script.path is None else None,
+        "script": cfg.script.path, "restarts": 0,
+    }
+    try:
+        results, restarts = run_node(plan, to_dict(cfg))
+    except LauncherError as e:
+        _finish(run_dir, base, None, "failed", started, error=str(e),
+                restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
+        raise
+    except KeyboardInterrupt:
+        _finish(run_dir, base, None, "interrupted", started)
+        log.info(f"interrupted; run directory {run_dir}")
+        return 130
+    except BaseException as e:
+        signum = getattr(e, "sigval", None)
+        if signum is None:
+            raise
+        _finish(run_dir, base, None, "interrupted", started)
+        log.info(f"stopped by signal {signum}; run directory {run_dir}")
+        return 128 + int(signum)
+    summary = _finish(run_dir, base, first_result(results), "completed", started, restarts=restarts)
+    log.info(one_line_summary(summary, run_dir))
+    return 0
+
+
+def _finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str, started: float,
+            error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
+    summary = build_summary({**base, "status": status, "wall_s": time.time() - started, "restarts": restarts}, rank0)
+    if error:
+        summary["error"] = error
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def one_line_summary(summary: Dict[str, Any], run_dir: Path) -> str:
+    parts = [f"{summary['status']} in {summary['wall_s']:.1f}s"]
+    if summary.get("samples_per_s"):
+        parts.append(f"{summary['steps']} steps, loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.0f} samples/s")
+    if summary.get("time_to_first_step_s"):
+        parts.append(f"first step after {summary['time_to_first_step_s']:.1f}s")
+    return "; ".join(parts) + f"; run directory {run_dir}"
+
+
+def _process_start_time() -> float:
+    """When the user's command started (this process's creation), so startup time is counted honestly."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:
+        return time.time()
+
+
+

@@ -1,0 +1,86 @@
+"""Shared test helpers: run the launcher for real, bounded in time, leaving no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "data.batch_size=16"]
+
+
+def launcher_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "SLURM_"))}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["WANDB_MODE"] = env.get("WANDB_MODE", "offline")
+    env.update(extra or {})
+    return env
+
+
+def run_launcher(args: List[str], cwd: Path, timeout: float = 120, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run `python -m launcher ARGS` to completion; on timeout kill its whole process group and fail."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *args], cwd=cwd, env=launcher_env(env),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"launcher timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the process group we created for proc (start_new_session), and only that."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def descendants(pid: int) -> List[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_gone(procs: List[psutil.Process], timeout: float) -> List[psutil.Process]:
+    """The processes still alive after timeout (zombies count as gone)."""
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.1)
+    return [p for p in alive if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def only_run_dir(output_dir: Path) -> Path:
+    runs = [p for p in output_dir.iterdir() if p.is_dir()]
+    assert len(runs) == 1, f"expected one run directory in {output_dir}, found {runs}"
+    return runs[0]
+
+
+def read_summary(run_dir: Path) -> Dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

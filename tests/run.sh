@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: makes .venv, installs the package with its test
+# extras, prepares what the real-cluster tests need where this machine allows it (root on
+# Debian: iproute2 for network namespaces, the local SLURM dev cluster), then runs pytest.
+# Extra arguments go to pytest, e.g. `bash tests/run.sh -k config`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+# torch is pinned to the CPU build that lies on this kind of machine (see README: GPU machines).
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if ! command -v ip >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) || echo "tests/run.sh: could not install iproute2; network-namespace tests will skip"
+  fi
+  if [ -x cluster/devcluster/up.sh ] && [ "${LAUNCHER_TEST_SLURM:-1}" = 1 ]; then
+    if bash cluster/devcluster/up.sh; then
+      trap 'bash cluster/devcluster/down.sh >/dev/null 2>&1 || true' EXIT
+      # shellcheck disable=SC1091
+      source "${DEVCLUSTER_DIR:-/tmp/launcher-devcluster}/env.sh"
+    else
+      echo "tests/run.sh: the SLURM dev cluster did not come up; SLURM tests will skip"
+    fi
+  fi
+fi
+
+.venv/bin/python -m pytest "$@"

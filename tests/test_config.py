@@ -1,0 +1,63 @@
+"""Config precedence and validation (pure)."""
+
+import pytest
+
+from launcher.config import Config, load_config, redact, to_yaml
+from launcher.errors import ConfigError
+
+
+def test_defaults_have_the_documented_keys():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert (cfg.seed, cfg.output_dir, cfg.trainer.strategy, cfg.model.name, cfg.wandb.mode) == (0, "runs", "ddp", "mlp", "offline")
+    assert cfg.trainer.steps > 0 and cfg.trainer.lr > 0 and cfg.data.batch_size > 0
+
+
+def test_precedence_defaults_then_yaml_then_overrides(tmp_path):
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("seed: 7\ntrainer:\n  steps: 11\n  lr: 0.5\n")
+    cfg = load_config(str(yaml), ["trainer.steps=3"])
+    assert cfg.seed == 7  # from YAML
+    assert cfg.trainer.steps == 3  # override beats YAML
+    assert cfg.trainer.lr == 0.5  # YAML beats default
+    assert cfg.data.batch_size == Config().data.batch_size  # default stays
+
+
+def test_later_override_wins():
+    assert load_config(None, ["seed=1", "seed=2"]).seed == 2
+
+
+def test_shipped_config_by_name():
+    assert load_config("quick").trainer.steps == 20
+
+
+@pytest.mark.parametrize("override, words", [
+    (["nosuch=1"], "unknown config key 'nosuch'"),
+    (["trainer.stepz=1"], "unknown config key 'trainer.stepz'"),
+    (["trainer.steps=abc"], "wrong type for 'trainer.steps'"),
+    (["nodes=0"], "--nodes=0 must be at least 1"),
+    (["wandb.mode=sometimes"], "wandb.mode=sometimes is not one of"),
+    (["trainer.strategy=magic"], "trainer.strategy=magic is not one of"),
+    (["trainer.lr=-1"], "must be positive"),
+    (["data.dataset_size=10"], "smaller than one global batch"),
+    (["justaword"], "is not key=value"),
+])
+def test_bad_values_name_the_problem(override, words):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, override)
+    assert words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_secrets_are_redacted():
+    assert redact({"wandb": {"api_key": "abc", "project": "p"}}) == {"wandb": {"api_key": "<redacted>", "project": "p"}}
+    assert "abc" not in to_yaml(load_config())

@@ -1,0 +1,59 @@
+"""Launch-plan building (pure: hardware is passed in) and argument splitting."""
+
+import pytest
+
+from launcher.cli import build_parser, split_argv
+from launcher.config import load_config
+from launcher.errors import ConfigError
+from launcher.plan import Hardware, build_plan
+
+CPU = Hardware(cuda_devices=0, cpu_cores=2)
+
+
+def plan_for(overrides, hw=CPU):
+    return build_plan(load_config(None, overrides), hw, "rid", "/tmp/runs/rid")
+
+
+def test_cpu_box_runs_gloo_workers_and_says_so():
+    plan = plan_for(["gpus=2"])
+    assert (plan.device_type, plan.backend, plan.world_size) == ("cpu", "gloo", 2)
+    assert "no CUDA device: running 2 CPU workers with gloo" in plan.notices
+
+
+def test_cuda_box_uses_nccl_and_refuses_more_gpus_than_visible():
+    plan = plan_for(["gpus=2"], Hardware(cuda_devices=4, cpu_cores=16))
+    assert (plan.device_type, plan.backend, plan.notices) == ("cuda", "nccl", ())
+    with pytest.raises(ConfigError, match="--gpus 8 but CUDA shows 4"):
+        plan_for(["gpus=8"], Hardware(cuda_devices=4, cpu_cores=16))
+
+
+def test_threads_share_the_cores():
+    assert plan_for(["gpus=2"]).worker_env["OMP_NUM_THREADS"] == "1"
+    assert plan_for(["gpus=4"]).omp_threads == 1
+    assert plan_for(["gpus=1"]).omp_threads == 2
+    assert plan_for(["gpus=2"], Hardware(0, 16)).omp_threads == 8
+
+
+def test_start_method_falls_back_to_spawn_when_fork_is_unsafe():
+    assert plan_for([]).start_method == "fork"
+    assert plan_for(["launcher.start_method=spawn"]).start_method == "spawn"
+    unsafe = Hardware(cuda_devices=0, cpu_cores=2, fork_safe=False)
+    assert plan_for([], unsafe).start_method == "spawn"
+    with pytest.raises(ConfigError, match="use spawn"):
+        plan_for(["launcher.start_method=fork"], unsafe)
+
+
+def test_plan_works_around_the_shared_store_restart_bug():
+    assert plan_for([]).agent_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+@pytest.mark.parametrize("argv, ours, script", [
+    (["--gpus", "2"], ["--gpus", "2"], []),
+    (["--gpus", "2", "train.py", "--lr", "0.1"], ["--gpus", "2"], ["train.py", "--lr", "0.1"]),
+    (["seed=1", "train.py", "seed=2"], ["seed=1"], ["train.py", "seed=2"]),
+    (["--nodes", "1", "-m", "pkg.mod", "--x"], ["--nodes", "1", "-m", "pkg.mod"], ["--x"]),
+    (["--config", "quick", "trainer.steps=3"], ["--config", "quick", "trainer.steps=3"], []),
+    (["--gpus", "1", "--", "run.py"], ["--gpus", "1"], ["run.py"]),
+])
+def test_split_argv(argv, ours, script):
+    assert split_argv(argv, build_parser()) == (ours, script)

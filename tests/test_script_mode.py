@@ -1,0 +1,98 @@
+"""A user's own torchrun-style script runs unchanged, with torchrun's environment contract."""
+
+import json
+import textwrap
+
+import pytest
+
+from tests.helpers import only_run_dir, read_summary, run_launcher
+
+pytestmark = pytest.mark.timeout(180)
+
+CONTRACT = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK", "ROLE_WORLD_SIZE", "OMP_NUM_THREADS"]
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    from helper_mod import TAG          # a local import next to the script
+
+    out = sys.argv[sys.argv.index("--out") + 1]
+    dist.init_process_group("gloo")
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    record = {k: os.environ.get(k) for k in %r}
+    record.update(argv=sys.argv, name=__name__, file=__file__, tag=TAG, allreduce=t.item())
+    with open(os.path.join(out, "env-%%s.json" %% os.environ["RANK"]), "w") as f:
+        json.dump(record, f)
+    dist.destroy_process_group()
+""" % (CONTRACT,))
+
+
+def write_script(where):
+    (where / "train.py").write_text(SCRIPT)
+    (where / "helper_mod.py").write_text("TAG = 'local-import-ok'\n")
+
+
+def check_contract(out, workers, argv_tail):
+    records = [json.loads((out / f"env-{r}.json").read_text()) for r in range(workers)]
+    assert sorted(int(r["RANK"]) for r in records) == list(range(workers))
+    for r in records:
+        assert all(r[k] is not None for k in CONTRACT), r
+        assert int(r["WORLD_SIZE"]) == workers and int(r["LOCAL_WORLD_SIZE"]) == workers
+        assert r["LOCAL_RANK"] == r["RANK"] and r["GROUP_RANK"] == "0"
+        assert r["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert r["name"] == "__main__" and r["tag"] == "local-import-ok"
+        assert r["argv"][1:] == argv_tail
+        assert r["allreduce"] == sum(range(1, workers + 1))
+    assert len({r["TORCHELASTIC_RUN_ID"] for r in records}) == 1
+    return records
+
+
+def test_script_gets_torchruns_contract_and_its_arguments(tmp_path):
+    write_script(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "train.py", "--lr", "0.1", "--out", str(out)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = check_contract(out, 2, ["--lr", "0.1", "--out", str(out)])
+    assert records[0]["argv"][0] == "train.py" and records[0]["file"].endswith("train.py")
+    summary = read_summary(only_run_dir(tmp_path / "runs"))
+    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["script"] == "train.py"
+
+
+def test_module_form_runs_like_python_dash_m(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    write_script(tmp_path)
+    (pkg / "train.py").write_text((tmp_path / "train.py").read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "-m", "mypkg.train", "--out", str(out)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    check_contract(out, 2, ["--out", str(out)])
+
+
+def test_failing_script_names_the_rank_and_error(tmp_path):
+    (tmp_path / "bad.py").write_text(textwrap.dedent("""
+        import os
+        if os.environ["RANK"] == "1":
+            raise ValueError("boom on purpose")
+    """))
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "bad.py"], cwd=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 1 failed") and "ValueError: boom on purpose" in last, result.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert read_summary(run_dir)["status"] == "failed"
+    assert "ValueError: boom on purpose" in (run_dir / "logs" / "rank-1.log").read_text()
+    assert "Traceback" in result.stdout + result.stderr  # the worker's own crash output reaches the console
+
+
+def test_script_exit_code_is_reported(tmp_path):
+    (tmp_path / "exit3.py").write_text("import sys, os\nsys.exit(3 if os.environ['RANK'] == '0' else 0)\n")
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "exit3.py"], cwd=tmp_path)
+    assert result.returncode == 1
+    assert "rank 0 failed: exit code 3" in result.stderr
