@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import List, NoReturn, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple
 
 from launcher.errors import ConfigError, LauncherError
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+# Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
+# Each lives in its own module; keep this table sorted.
+COMMANDS: Dict[str, str] = {
+}
 
 EPILOG = """\
 examples:
@@ -117,6 +122,8 @@ def script_spec(args: argparse.Namespace, script: List[str]) -> Optional[Tuple[s
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return run_command(argv[0], argv[1:])
     try:
         args, script = parse_args(argv)
     except SystemExit as e:  # argparse printed usage and one line already
@@ -125,6 +132,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         from launcher.run import run
 
         return run(args, config_overrides(args), script_spec(args, script))
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def run_command(name: str, argv: List[str]) -> int:
+    """Dispatch a subcommand with the same error contract as a run: one line, exit code."""
+    import importlib
+
+    try:
+        return int(importlib.import_module(COMMANDS[name]).main(argv))
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
