@@ -31,8 +31,29 @@ def detect_hardware() -> Hardware:
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    fork_safe = hasattr(os, "fork") and not torch.cuda.is_initialized()
-    return Hardware(cuda_devices=cuda, cpu_cores=cores, fork_safe=fork_safe)
+    return Hardware(cuda_devices=cuda, cpu_cores=cores, fork_unsafe_reason=fork_unsafe_reason())
+
+
+# A process that has only imported torch runs this many native threads (the main thread and one
+# of torch's; measured with torch 2.13). More means a thread pool (OpenMP, BLAS) has started, and
+# a forked child that uses it can hang: we then start fresh interpreters instead.
+THREADS_AFTER_IMPORT = 2
+
+
+def fork_unsafe_reason() -> Optional[str]:
+    import threading
+
+    import torch
+
+    if not hasattr(os, "fork"):
+        return "this platform has no fork"
+    if torch.cuda.is_initialized():
+        return "CUDA is already initialised in the launcher process"
+    native = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    extra = native - (threading.active_count() - 1)  # Python threads are the agent's own business
+    if extra > THREADS_AFTER_IMPORT:
+        return f"the launcher process already runs {extra} native threads (a torch/OpenMP thread pool started)"
+    return None
 
 
 def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[str, bool, List[str]]]) -> int:
@@ -61,6 +82,8 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
     write_json(run_dir / "plan.json", plan.to_dict())
     for notice in plan.notices:
         log.info(notice)
+    if plan.start_method == "spawn":
+        log.info(plan.start_method_reason)
     log.info(f"run {plan.run_id}: {plan.world_size} workers ({plan.nodes} node x {plan.workers_per_node}), "
              f"{plan.backend}, start method {plan.start_method}; run directory {run_dir}")
     os.environ["LAUNCHER_START_TIME"] = repr(started)

@@ -26,6 +26,7 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
     _merge_stderr_into_stdout()
+    _apply_thread_count()
     try:
         return _run(spec)
     except SystemExit:
@@ -89,6 +90,14 @@ def _die_with_parent() -> None:
             os._exit(1)
     except OSError:
         pass
+
+
+def _apply_thread_count() -> None:
+    """A forked worker inherits torch already imported, so OMP_NUM_THREADS set afterwards is not read:
+    apply it explicitly, as a fresh interpreter under torchrun would."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 def _merge_stderr_into_stdout() -> None:
