@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 
 import time
 from pathlib import Path
@@ -100,10 +101,11 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
         _finish(run_dir, base, None, "failed", started, error=str(e),
                 restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "sigval", signal.SIGINT)
         _finish(run_dir, base, None, "interrupted", started)
-        log.info(f"interrupted; run directory {run_dir}")
-        return 130
+        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}")
+        return 128 + int(signum)
     except BaseException as e:
         signum = getattr(e, "sigval", None)
         if signum is None:

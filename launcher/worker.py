@@ -9,7 +9,7 @@ import signal
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NoReturn
 
 PR_SET_PDEATHSIG = 1
 
@@ -25,16 +25,23 @@ class WorkerSpec:
 def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
+    _restore_signal_defaults()
     _merge_stderr_into_stdout()
     _apply_thread_count()
     try:
         return _run(spec)
-    except SystemExit:
-        raise
-    except BaseException:
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise  # torch's wrapper treats a clean exit as success
+        _exit_now(e.code if isinstance(e.code, int) else 1)
+    except KeyboardInterrupt:
+        _exit_now(128 + signal.SIGINT)
+    except BaseException as e:
         traceback.print_exc()  # torch's process wrapper only queues it; users want it in the log
-        sys.stderr.flush()
-        raise
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(e)  # the agent reads this to name the error
+        _exit_now(1)
 
 
 def _run(spec: WorkerSpec) -> Dict[str, Any]:
@@ -90,6 +97,26 @@ def _die_with_parent() -> None:
             os._exit(1)
     except OSError:
         pass
+
+
+def _exit_now(code: int) -> "NoReturn":
+    """Leave without running destructors: a process group whose peer is gone can block forever in
+    its destructor, which would keep a failed or interrupted worker alive (and the job hung)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _restore_signal_defaults() -> None:
+    """A forked worker inherits the agent's handlers (torch raises SignalException from them, which
+    never runs while a rank blocks in a collective): give it a fresh interpreter's dispositions."""
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _apply_thread_count() -> None:

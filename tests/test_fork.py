@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import QUICK, REPO, launcher_env, only_run_dir, read_summary, run_launcher
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # Everything a script can observe about how it was started, minus what differs per run (ids, ports, pids).
 OBSERVER = textwrap.dedent("""
@@ -35,6 +35,7 @@ OBSERVER = textwrap.dedent("""
                                                 "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
                                                 "TORCHELASTIC_MAX_RESTARTS", "MASTER_ADDR")},
         "threads": torch.get_num_threads(),
+        "handlers": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")},
         "spec": __spec__ is None, "package": __package__,
     }
     out = sys.argv[sys.argv.index("--out") + 1]
