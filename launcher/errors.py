@@ -25,3 +25,7 @@ class WorkerFailedError(LauncherError):
 
 class RendezvousError(LauncherError):
     """Nodes could not find each other in time."""
+
+
+class HangError(LauncherError):
+    """The watchdog saw ranks stop making progress; the message names them and where they were."""

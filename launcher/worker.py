@@ -11,6 +11,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
+from launcher import beats
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -27,6 +29,7 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     _die_with_parent()
     _merge_stderr_into_stdout()
     _apply_thread_count()
+    _register_heartbeat(spec)
     try:
         return _run(spec)
     except SystemExit:
@@ -35,6 +38,8 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
         traceback.print_exc()  # torch's process wrapper only queues it; users want it in the log
         sys.stderr.flush()
         raise
+    finally:
+        beats.disarm()  # teardown after the last step is not a hang
 
 
 def _run(spec: WorkerSpec) -> Dict[str, Any]:
@@ -77,6 +82,12 @@ def _exec_as_main(script: str) -> None:
     main.__dict__.update(__file__=script, __builtins__=__builtins__, __spec__=None, __package__=None, __cached__=None)
     sys.modules["__main__"] = main
     exec(code, main.__dict__)
+
+
+def _register_heartbeat(spec: WorkerSpec) -> None:
+    """Arm the node watchdog's view of this rank (heartbeat file, stack dump on signal) when it is on."""
+    if float(spec.config.get("watchdog", {}).get("timeout_s", 0)) > 0:
+        beats.register(spec.run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def _die_with_parent() -> None:
