@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import sysconfig
 import threading
 import time
@@ -89,11 +90,12 @@ def where(frames: List[Tuple[str, int, str]]) -> str:
 
 
 def _short(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
+    """A path as the user knows it: relative to the working directory or to the import root it came from."""
+    roots = [os.getcwd()] + sorted((p for p in sys.path if p and os.path.isabs(p)), key=len, reverse=True)
+    for root in roots:
+        if root.rstrip(os.sep) and path.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(path, root)
+    return path
 
 
 class Watchdog(threading.Thread):
@@ -128,7 +130,8 @@ class Watchdog(threading.Thread):
         also = "; still beating: " + ", ".join(f"rank {r.rank} in {places[r.rank]}" for r in others) if others else ""
         self.verdict = (f"hang: no progress for over {self.timeout_s:g}s (watchdog.timeout_s): {named}{also}; "
                         f"stacks in {self.run_dir / 'stacks'}")
-        log.error(self.verdict)
+        log.error(f"watchdog: ranks made no progress for {self.timeout_s:g}s; stacks dumped, stopping the job")
+        log.debug(self.verdict)  # the launcher's log file; the console gets it as the run's error line
         _thread.interrupt_main(signal.SIGTERM)  # the agent shuts down instead of restarting workers
         time.sleep(KILL_AFTER_S)
         for r in ranks:
