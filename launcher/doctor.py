@@ -22,7 +22,8 @@ from typing import Callable, List, Optional
 from launcher.config import Config, load_config
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-MIN_PYTHON = (3, 9)
+MIN_PYTHON = (3, 10)  # setup.cfg python_requires
+MIN_TORCH = (2, 4)  # setup.cfg install_requires
 DEFAULT_MASTER_PORT = 29500  # torchrun's default; something already listening there breaks its users
 SLURM_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf")
 LOW_DISK_FAIL, LOW_DISK_WARN = 1 << 30, 10 << 30
@@ -50,7 +51,9 @@ def check_torch() -> List[Check]:
     except ImportError as e:
         return [Check("torch", FAIL, f"cannot import torch ({e})", "pip install torch (torch==2.13.0 for the CPU build)")]
     cuda = torch.version.cuda
-    checks = [Check("torch", OK, f"{torch.__version__}, CUDA build {cuda or 'none (CPU build)'}")]
+    old = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) < MIN_TORCH
+    checks = [Check("torch", FAIL if old else OK, f"{torch.__version__}, CUDA build {cuda or 'none (CPU build)'}",
+                    f"pip install 'torch>={'.'.join(map(str, MIN_TORCH))}'" if old else "")]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gloo = dist.is_available() and dist.is_gloo_available()
     checks.append(Check("gloo", OK if gloo else FAIL, "built in" if gloo else "not built in",

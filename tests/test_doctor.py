@@ -2,6 +2,7 @@
 hidden, and `--comm` measures a real all-reduce across launched workers."""
 
 import re
+import shutil
 import subprocess
 import sys
 
@@ -53,6 +54,16 @@ def test_failing_checks_fail_the_command_with_hints(tmp_path):
     assert "WANDB_API_KEY" in lines[key_line + 1] and "->" in lines[key_line + 1]  # the hint follows its check
     assert "no interface named nosuch0" in result.stdout
     assert re.search(r"verdict: FAIL \(2 failed", result.stdout)
+
+
+@pytest.mark.skipif(shutil.which("sinfo") is None, reason="needs the SLURM client (sinfo)")
+def test_unreachable_slurm_controller_is_a_warning_with_a_hint(tmp_path):
+    conf = tmp_path / "slurm.conf"  # a real config whose controller is not running
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nSlurmctldPort=1\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    result = doctor(tmp_path, env={"SLURM_CONF": str(conf)})
+    assert result.returncode == 0, result.stdout
+    assert verdicts(result.stdout)["slurm partitions"] == "warn", result.stdout
+    assert "is slurmctld running" in result.stdout and str(conf) in result.stdout
 
 
 @pytest.mark.parametrize("args", [["--gpus", "two"], ["no.such.key=1"]])
