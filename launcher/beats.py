@@ -25,6 +25,8 @@ BEAT_INTERVAL_S = 0.5  # finer than any sensible timeout, coarse enough to cost 
 # A real-time signal: SIGUSR1/SIGUSR2 are taken by SLURM and submitit (preemption, requeue).
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
 
+TIMEOUT_ENV = "LAUNCHER_WATCHDOG_TIMEOUT_S"  # the job's watchdog.timeout_s, in every worker's environment
+
 _path: Optional[str] = None
 _last_beat = 0.0
 _stack_file: Optional[IO[str]] = None

@@ -25,13 +25,11 @@ def run_comm_test(args: argparse.Namespace, cfg: Config) -> int:
     from launcher.cli import main as launcher_main
 
     gpus = args.gpus or default_workers()
-    run_id = f"doctor-comm-{new_run_id()}"
+    run_id = cfg.run_id or f"doctor-comm-{new_run_id()}"  # nodes of one test must share it: pass run_id=ID
     run_dir = Path(cfg.output_dir).resolve() / run_id
     out = run_dir / "allreduce.json"
     print(f"\nall-reduce bandwidth: {args.nodes} node(s) x {gpus} workers; run directory {run_dir}", flush=True)
-    argv = ["--gpus", str(gpus), "--nodes", str(args.nodes), *args.overrides, f"run_id={run_id}",
-            "watchdog.timeout_s=0",  # the benchmark does not beat; a stuck collective ends in the pg timeout
-            "-m", BENCH_MODULE, "--max-bytes", str(args.max_bytes), "--out", str(out)]
+    argv = ["--gpus", str(gpus), "--nodes", str(args.nodes), *args.overrides, f"run_id={run_id}", "-m", BENCH_MODULE, "--max-bytes", str(args.max_bytes), "--out", str(out)]
     if args.config:
         argv = ["--config", args.config, *argv]
     code = launcher_main(argv)

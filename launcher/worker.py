@@ -86,7 +86,9 @@ def _exec_as_main(script: str) -> None:
 
 def _register_heartbeat(spec: WorkerSpec) -> None:
     """Arm the node watchdog's view of this rank (heartbeat file, stack dump on signal) when it is on."""
-    if float(spec.config.get("watchdog", {}).get("timeout_s", 0)) > 0:
+    timeout_s = float(spec.config.get("watchdog", {}).get("timeout_s", 0))
+    os.environ[beats.TIMEOUT_ENV] = f"{timeout_s:g}"  # so scripts can set a process-group timeout above it
+    if timeout_s > 0:
         beats.register(spec.run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
 
 

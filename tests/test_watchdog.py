@@ -28,6 +28,7 @@ HANGING_SCRIPT = textwrap.dedent("""
         while True:
             time.sleep(3600)
 
+    assert os.environ["LAUNCHER_WATCHDOG_TIMEOUT_S"] == "3"  # for a process-group timeout above it
     dist.init_process_group("gloo")
     t = torch.ones(1)
     for step in range(1, 1000000):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Dict, List
@@ -17,7 +18,9 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from trainers.dist import DistEnv, init_process_group, pick_device, set_threads
+from launcher import heartbeat
+from launcher.beats import TIMEOUT_ENV
+from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, set_threads
 
 WARMUP = 5  # untimed calls per size: connection setup and allocator warm-up
 
@@ -53,6 +56,7 @@ def measure(size: int, device: torch.device, world: int) -> Dict[str, Any]:
         dist.all_reduce(buf)
     _sync(device)
     elapsed = (time.perf_counter() - start) / iters
+    heartbeat()  # a collective stuck on a bad link is caught and explained by the launcher's watchdog
     algbw = count * 4 / elapsed / 1e9
     return {"bytes": count * 4, "count": count, "iters": iters, "time_us": elapsed * 1e6,
             "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(world)}
@@ -73,7 +77,8 @@ def main(argv: List[str]) -> int:
     env = DistEnv.from_environ()
     set_threads()
     device = pick_device(env)
-    backend = init_process_group(env, device)
+    backend = init_process_group(env, device, process_group_timeout(float(os.environ.get(TIMEOUT_ENV, "0"))))
+    heartbeat()
     try:
         rows = [measure(size, device, env.world_size) for size in message_sizes(args.min_bytes, args.max_bytes, args.factor)]
     finally:
