@@ -134,3 +134,12 @@ def test_only_ranks_that_beat_and_went_silent_are_stuck():
     assert stuck_ranks(ranks, 3, now=97.0) == []  # rank 1 never beat: never judged
     assert [r.rank for r in stuck_ranks(ranks, 3, now=99.0)] == [2]
     assert [r.rank for r in stuck_ranks(ranks, 3, now=104.0)] == [2, 0]  # longest silent first
+
+
+def test_negative_timeout_is_refused_with_the_fix():
+    from launcher.config import load_config
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"watchdog.timeout_s=-1 .*0 to disable"):
+        load_config(None, ["watchdog.timeout_s=-1"])
+    assert load_config(None, ["watchdog.timeout_s=0"]).watchdog.timeout_s == 0
