@@ -59,6 +59,13 @@ class LaunchSection:
 
 
 @dataclass
+class WatchdogConfig:
+    # seconds a rank that has sent a heartbeat may go without one before the job is declared hung
+    # (stacks dumped to stacks/, job stopped, exit 1); 0 disables. Steps beat; so can scripts.
+    timeout_s: float = 300.0
+
+
+@dataclass
 class WandbConfig:
     mode: str = "offline"  # offline (no key, no network) | online | disabled
     project: str = "launcher"  # W&B project
@@ -87,6 +94,7 @@ class Config:
     rdzv: RendezvousConfig = field(default_factory=RendezvousConfig)
     launcher: LaunchSection = field(default_factory=LaunchSection)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
 
 
@@ -159,6 +167,8 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
+    if cfg.watchdog.timeout_s < 0:
+        raise ConfigError(f"watchdog.timeout_s={cfg.watchdog.timeout_s:g} must be positive (or 0 to disable): try watchdog.timeout_s=300")
     if cfg.trainer.lr <= 0:
         raise ConfigError(f"trainer.lr={cfg.trainer.lr} must be positive: try trainer.lr=1e-3")
     _one_of(cfg.trainer.strategy, STRATEGIES, "trainer.strategy")

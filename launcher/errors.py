@@ -33,3 +33,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, sigval: int) -> None:
         super().__init__(f"signal {sigval}")
         self.sigval = sigval
+
+
+class HangError(LauncherError):
+    """The watchdog saw ranks stop making progress; the message names them and where they were."""

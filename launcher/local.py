@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 from launcher.errors import RendezvousError, WorkerFailedError
 from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
 from launcher.plan import LaunchPlan
+from launcher.watchdog import run_watched
 from launcher.worker import WorkerSpec, run_worker
 
 log = logging.getLogger("launcher")
@@ -55,7 +56,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], 
     )
     spec = WorkerSpec(config=config, run_dir=plan.run_dir)
     try:
-        results = elastic_launch(launch_config, run_worker)(spec)
+        results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, run_worker)(spec))
     except ChildFailedError as e:
         raise WorkerFailedError(describe_failure(e, plan)) from e
     except TorchRendezvousError as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.config import Config, ScriptConfig, load_config, to_dict, to_yaml, validate
-from launcher.errors import LauncherError, WorkerFailedError
+from launcher.errors import HangError, LauncherError, WorkerFailedError
 from launcher.plan import Hardware, LaunchPlan, build_plan, new_run_id
 from launcher.rundir import build_summary, create_run_dir, write_atomic, write_json
 
@@ -98,7 +98,7 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
     try:
         results, restarts = run_node(plan, to_dict(cfg))
     except LauncherError as e:
-        _finish(run_dir, base, None, "failed", started, error=str(e),
+        _finish(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started, error=str(e),
                 restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
         raise
     except KeyboardInterrupt as e:

@@ -11,6 +11,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List, NoReturn
 
+from launcher import beats
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -28,6 +30,7 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     _restore_signal_defaults()
     _merge_stderr_into_stdout()
     _apply_thread_count()
+    _register_heartbeat(spec)
     try:
         return _run(spec)
     except SystemExit as e:
@@ -42,6 +45,8 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
 
         ErrorHandler().record_exception(e)  # the agent reads this to name the error
         _exit_now(1)
+    finally:
+        beats.disarm()  # teardown after the last step is not a hang
 
 
 def _run(spec: WorkerSpec) -> Dict[str, Any]:
@@ -86,6 +91,14 @@ def _exec_as_main(script: str) -> None:
     exec(code, main.__dict__)
 
 
+def _register_heartbeat(spec: WorkerSpec) -> None:
+    """Arm the node watchdog's view of this rank (heartbeat file, stack dump on signal) when it is on."""
+    timeout_s = float(spec.config.get("watchdog", {}).get("timeout_s", 0))
+    os.environ[beats.TIMEOUT_ENV] = f"{timeout_s:g}"  # so scripts can set a process-group timeout above it
+    if timeout_s > 0:
+        beats.register(spec.run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def _die_with_parent() -> None:
     """Linux: if the agent dies (even by SIGKILL), the kernel kills this worker: no orphans."""
     if not sys.platform.startswith("linux"):
@@ -102,6 +115,7 @@ def _die_with_parent() -> None:
 def _exit_now(code: int) -> "NoReturn":
     """Leave without running destructors: a process group whose peer is gone can block forever in
     its destructor, which would keep a failed or interrupted worker alive (and the job hung)."""
+    beats.disarm()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from launcher import heartbeat
 from trainers.data import build_dataset, build_loader
-from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
+from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
+from trainers.inject_hang import maybe_hang
 from trainers.loggers import build_loggers, run_dir_from_env
 from trainers.models import build_model, param_checksum
 from trainers.strategies import STRATEGIES
@@ -32,7 +34,7 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     env = DistEnv.from_environ()
     set_threads()
     device = pick_device(env)
-    backend = init_process_group(env, device)
+    backend = init_process_group(env, device, process_group_timeout(cfg.watchdog.timeout_s))
     try:
         return _train(cfg, run_dir, env, device, backend)
     finally:
@@ -56,6 +58,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     step, epoch, first_step_at = 0, 0, None
     step_times: List[float] = []
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
+    heartbeat()  # arms the node's hang watchdog for this rank (launcher.watchdog)
     while step < cfg.trainer.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -81,6 +84,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
                     "step_time_s": elapsed / window_steps,
                 })
                 window_start, window_steps = time.perf_counter(), 0
+            heartbeat()
+            maybe_hang(env.rank, step)
             if step == cfg.trainer.steps:
                 break
         epoch += 1
