@@ -73,6 +73,26 @@ def native_stderr_to_log() -> Iterator[None]:
                 log.debug("c10d while connecting:\n%s", text)
 
 
+def interface_towards(host: str, port: int) -> Optional[Tuple[str, str]]:
+    """(interface name, local address) this machine would use to reach host, or None if unknown.
+
+    gloo otherwise binds to whatever the machine's host name resolves to, often 127.0.1.1 on
+    Debian, and other machines then cannot reach it. A UDP connect sends nothing.
+    """
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name, local
+    return None
+
+
 def require_free_port(port: int) -> None:
     """Node 0 hosts the rendezvous: a port something else holds is a usage error, named before it starts."""
     if not port_is_free(port):
@@ -149,19 +169,33 @@ class NodeHandshake:
         me = {"token": self.token, "host": socket.gethostname(), "nodes": nodes, "gpus": gpus,
               "node_rank": self.node_rank}
         try:
+            self.store.add("connected", 1)
             problem = self._check_in(me, same_workers)
-            if problem:
-                self.store.compare_set("verdict", "", problem)
-                raise ConfigError(problem)
-            arrived = self.store.add("arrivals", 1)
-            if arrived > nodes:
-                problem = f"more than --nodes {nodes} nodes joined {self.host}:{self.port}: a node was started twice, or with a wrong --nodes"
+            if problem is None and self.store.add("arrivals", 1) > nodes:
+                problem = (f"more than --nodes {nodes} nodes joined {self.host}:{self.port}: "
+                           "a node was started twice, or with a wrong --nodes")
+            if problem is not None:
                 self.store.compare_set("verdict", "", problem)
                 raise ConfigError(problem)
             self._wait_for_all(nodes)
+        except ConfigError:
+            self._stay_until_told()
+            raise
         except (RuntimeError, TimeoutError) as e:
             raise RendezvousError(f"lost contact with {self.host}:{self.port} during the node handshake "
                                   f"({e.__class__.__name__}): see the other nodes' output") from e
+
+    def _stay_until_told(self) -> None:
+        """The host keeps the store up (a few seconds at most) until every node has read the verdict."""
+        try:
+            self.store.add("told", 1)
+            deadline = time.monotonic() + 5.0
+            while self.is_host and time.monotonic() < deadline:
+                if self.store.add("told", 0) >= self.store.add("connected", 0):
+                    return
+                time.sleep(POLL_S)
+        except (RuntimeError, TimeoutError):
+            pass
 
     def _check_in(self, me: Dict[str, Any], same_workers: bool) -> Optional[str]:
         mine = json.dumps(me)
@@ -210,16 +244,17 @@ class NodeHandshake:
                 self.store.set("collected", "1")
             elif self.is_host:
                 self._wait_key("collected")
-        except (RuntimeError, TimeoutError):
+        except (RuntimeError, TimeoutError) as e:
+            log.debug(f"node list exchange failed: {e!r}")
             return [record]  # the other side is gone; report what this node knows
         return sorted(found, key=lambda r: r.get("group_rank", 0))
 
     def _collect(self, nodes: int) -> List[Dict[str, Any]]:
+        keys = [f"placement/{i}" for i in range(1, nodes + 1)]
         deadline = time.monotonic() + PLACEMENT_WAIT_S
-        while self.store.add("placed", 0) < nodes and time.monotonic() < deadline:
+        # a node takes its index, then writes its record: wait for the records, not the count
+        while not self.store.check(keys) and time.monotonic() < deadline:
             time.sleep(POLL_S)
-        count = min(self.store.add("placed", 0), nodes)
-        keys = [f"placement/{i}" for i in range(1, count + 1)]
         return [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
 
     def _wait_key(self, key: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.errors import LauncherError
-from launcher.handshake import NodeHandshake, describe_nodes
+from launcher.handshake import NodeHandshake, describe_nodes, interface_towards
 from launcher.logs import RunDirLogsSpecs
 from launcher.plan import LaunchPlan
 from launcher.rundir import build_summary, write_json
@@ -40,10 +40,24 @@ class NodeSession:
         self.handshake.connect()
         self.handshake.meet(plan.nodes, plan.workers_per_node)
         log.info(f"all {plan.nodes} nodes checked in at {plan.rdzv_endpoint} ({plan.rdzv_backend} rendezvous)")
+        self._choose_interface()
         results, restarts = run_node(plan, config, self.logs)
         holds_rank0 = first_result(results) is not None
         self.node_list = self.handshake.exchange_placement(plan.nodes, self.logs.placement, holds_rank0)
         return results, restarts
+
+    def _choose_interface(self) -> None:
+        """Workers talk over the interface that reaches the rendezvous host, unless the user chose one."""
+        if "GLOO_SOCKET_IFNAME" in os.environ:
+            return
+        found = interface_towards(self.handshake.host, self.handshake.port)
+        if found is None:
+            return
+        name, address = found
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+        say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
+        say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
 
     @property
     def is_head(self) -> bool:

@@ -101,8 +101,8 @@ class NodeSupervisor:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         if self.signal is None:
             self.signal = signum
-            for proc in self.procs:  # Ctrl-C reaches a terminal's whole group; give each node the same
-                _signal_group(proc, signum)
+            for proc in self.procs:
+                _stop(proc, signum)
 
     def _watch(self) -> int:
         while True:
@@ -113,9 +113,9 @@ class NodeSupervisor:
             for k, code in enumerate(codes):
                 if code not in (None, 0):
                     self.failed_node = k
-                    log.info(f"node {k} exited with code {code}; stopping the other nodes")
+                    log.info(f"node {k} {_how_it_ended(code)}; stopping the other nodes")
                     for proc in self.procs:
-                        _signal_group(proc, signal.SIGTERM)
+                        _stop(proc, signal.SIGTERM)
                     self._wait_all(STOP_GRACE_S)
                     return code
             if all(code == 0 for code in codes):
@@ -135,6 +135,15 @@ class NodeSupervisor:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def _stop(proc: subprocess.Popen, signum: int) -> None:
+    """Ctrl-C reaches a terminal's whole foreground group, so each node's group gets SIGINT; SIGTERM goes
+    to the node's agent alone, which stops its workers itself (as a service manager would)."""
+    if signum == signal.SIGINT:
+        _signal_group(proc, signum)
+    elif proc.poll() is None:
+        proc.send_signal(signum)
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
@@ -163,11 +172,20 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
         _finish(run_dir, base, None, "interrupted", started)
         log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
         return code
-    error = _node_error(run_dir, failed_node) or f"node {failed_node} exited with code {code}"
+    error = _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
     _finish(run_dir, base, None, "failed", started, error=error)
     if code == 2:
         return 2  # the node printed its one-line usage error already
     raise WorkerFailedError(error)
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
