@@ -94,6 +94,25 @@ class NodeSession:
         return summary
 
 
+def check_before_start(plan: LaunchPlan) -> None:
+    """What can fail before anything starts: an address that does not resolve, node 0's port taken."""
+    from launcher.handshake import require_free_port, resolve_or_fail
+
+    if plan.mode not in ("static", "c10d"):
+        return
+    host, _, port = plan.rdzv_endpoint.rpartition(":")
+    resolve_or_fail(host.strip("[]"), "--master-addr" if plan.mode == "static" else "--rdzv-endpoint")
+    if plan.mode == "static" and (plan.node_rank or 0) == 0:
+        require_free_port(int(port))
+
+
+def session_for(plan: LaunchPlan) -> Any:
+    """The NodeSession for one node of a real multi-node job; None for a single-node run."""
+    if plan.mode not in ("static", "c10d"):
+        return None
+    return NodeSession(plan)
+
+
 def _since(started: float) -> float:
     return time.time() - started
 

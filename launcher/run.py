@@ -43,6 +43,7 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
         print(to_yaml(cfg), end="")
         return 0
     from launcher import simulate
+    from launcher.node import check_before_start, session_for
     from launcher.multinode import launch_mode, shared_run_id
 
     run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
@@ -52,11 +53,11 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     if args.dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
         return 0
-    simulate.check_before_start(plan)
+    check_before_start(plan)
     create_run_dir(cfg.output_dir, run_id)
     if mode == "simulated":
         return simulate.run_simulated(cfg, plan, started)
-    return execute(cfg, plan, started, node=simulate.session_for(plan))
+    return execute(cfg, plan, started, node=session_for(plan))
 
 
 def execute(cfg: Config, plan: LaunchPlan, started: float, node: Any = None) -> int:

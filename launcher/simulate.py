@@ -32,27 +32,6 @@ def pick_port() -> int:
     return free_port()
 
 
-def check_before_start(plan: LaunchPlan) -> None:
-    """What can fail before anything starts: an address that does not resolve, node 0's port taken."""
-    from launcher.handshake import require_free_port, resolve_or_fail
-
-    if plan.mode not in ("static", "c10d"):
-        return
-    host, _, port = plan.rdzv_endpoint.rpartition(":")
-    resolve_or_fail(host.strip("[]"), "--master-addr" if plan.mode == "static" else "--rdzv-endpoint")
-    if plan.mode == "static" and (plan.node_rank or 0) == 0:
-        require_free_port(int(port))
-
-
-def session_for(plan: LaunchPlan) -> Any:
-    """The NodeSession for one node of a real multi-node job; None for a single-node run."""
-    if plan.mode not in ("static", "c10d"):
-        return None
-    from launcher.node import NodeSession
-
-    return NodeSession(plan)
-
-
 def run_simulated(cfg: Config, plan: LaunchPlan, started: float) -> int:
     from launcher.run import prepare_run_dir
 

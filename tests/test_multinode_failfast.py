@@ -89,3 +89,11 @@ def test_two_nodes_with_the_same_node_rank_are_named(tmp_path):
     assert [p.returncode for p in procs] == [2, 2, 2], outs
     assert all("two nodes use --node-rank 1" in out for out in outs), outs
     assert all("give each machine its own --node-rank" in out for out in outs), outs
+
+
+def test_a_lone_c10d_host_names_how_many_nodes_came(tmp_path):
+    port = free_port()
+    argv = [*TWO, f"output_dir={tmp_path}", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "3"]
+    result = run_launcher(argv, cwd=tmp_path, timeout=40)
+    assert result.returncode == 1, result.stderr
+    assert f"only 1 of 2 nodes reached 127.0.0.1:{port} within 3s" in result.stderr

@@ -63,3 +63,12 @@ def test_c10d_run_id_comes_from_rdzv_id_when_given():
 def test_contradictions_are_config_errors(argv, words):
     with pytest.raises(ConfigError, match=words):
         cfg_for(argv)
+
+
+def test_help_says_c10d_admits_different_worker_counts():
+    from launcher.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "nodes may run different worker counts" in text
+    for flag in ("--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-timeout"):
+        assert flag in text
