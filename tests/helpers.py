@@ -84,3 +84,39 @@ def read_summary(run_dir: Path) -> Dict[str, Any]:
 
 def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def start_launcher(args: List[str], cwd: Path, prefix: Optional[List[str]] = None,
+                   env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """Start `python -m launcher ARGS` in its own process group (prefix: e.g. `ip netns exec NS`)."""
+    return subprocess.Popen(
+        [*(prefix or []), sys.executable, "-m", "launcher", *args], cwd=cwd, env=launcher_env(env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+
+
+def finish_all(procs: List[subprocess.Popen], timeout: float) -> List[str]:
+    """Wait for every process (each bounded by timeout); kill the groups of those that overrun, then fail."""
+    outputs, late = [], []
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            late.append(proc)
+            kill_group(proc)
+            out, _ = proc.communicate()
+        outputs.append(out)
+    for proc in procs:
+        kill_group(proc)  # whatever a finished launcher might have left in its group
+    if late:
+        raise AssertionError(f"{len(late)} launcher(s) still running after {timeout}s:\n" + "\n---\n".join(outputs))
+    return outputs
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,73 @@
+"""Two "machines" with their own IP addresses: network namespaces joined by a veth pair.
+
+The job must cross a real network interface: the nodes meet on the head's address 10.77.0.1,
+not on 127.0.0.1. Needs root and iproute2 (tests/run.sh installs it); skipped with the reason
+otherwise. The namespaces are removed even when the test fails.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.helpers import QUICK, finish_all, only_run_dir, read_summary, start_launcher
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
+HEAD, OTHER = "10.77.0.1", "10.77.0.2"
+
+
+def ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two namespaces named after this test process (concurrent runs never collide), wired by veth."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if shutil.which("ip") is None:
+        pytest.skip("`ip` (iproute2) is not installed: apt-get install -y iproute2")
+    names = [f"lnch{os.getpid()}{side}" for side in "ab"]
+    made = []
+    try:
+        for ns in names:
+            result = ip("netns", "add", ns)
+            if result.returncode != 0:
+                pytest.skip(f"cannot make a network namespace here: {result.stderr.strip()}")
+            made.append(ns)
+        steps = [("link", "add", f"{names[0]}v", "type", "veth", "peer", "name", f"{names[1]}v")]
+        for ns, addr in zip(names, (HEAD, OTHER)):
+            steps += [("link", "set", f"{ns}v", "netns", ns), ("-n", ns, "addr", "add", f"{addr}/24", "dev", f"{ns}v"),
+                      ("-n", ns, "link", "set", f"{ns}v", "up"), ("-n", ns, "link", "set", "lo", "up")]
+        for step in steps:
+            result = ip(*step)
+            assert result.returncode == 0, f"ip {' '.join(step)}: {result.stderr}"
+        yield names
+    finally:
+        for ns in made:
+            ip("netns", "del", ns)  # takes its end of the veth pair with it
+        leftover = ip("netns", "list").stdout
+        assert not any(ns in leftover for ns in made), leftover
+
+
+def test_two_namespaces_train_across_a_network_interface(tmp_path, two_hosts):
+    common = ["--nodes", "2", "--gpus", "2", "--master-addr", HEAD, "--master-port", "29555", "--rdzv-timeout", "60",
+              "trainer.steps=12", *QUICK]
+    procs = [start_launcher([*common, "--node-rank", str(k), f"output_dir={tmp_path / name}"], tmp_path,
+                            prefix=["ip", "netns", "exec", ns])
+             for k, (ns, name) in enumerate(zip(two_hosts, ("head", "other")))]
+    outs = finish_all(procs, timeout=120)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert f"workers talk over interface {two_hosts[1]}v ({OTHER})" in outs[1]
+
+    head, other = only_run_dir(tmp_path / "head"), only_run_dir(tmp_path / "other")
+    assert head.name == other.name == "job-10.77.0.1-29555"
+    summary = read_summary(head)  # written by the node that ran rank 0
+    assert summary["status"] == "completed" and summary["world_size"] == 4
+    assert len(summary["param_checksums"]) == 4 and len(set(summary["param_checksums"])) == 1
+    assert [n["ranks"] for n in summary["node_list"]] == [[0, 1], [2, 3]]
+    assert not (other / "summary.json").exists()
+    # each global rank's log lies on the machine that ran it
+    assert sorted(p.name for p in (head / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
+    assert sorted(p.name for p in (other / "logs").glob("rank-*.log")) == ["rank-2.log", "rank-3.log"]
