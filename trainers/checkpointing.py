@@ -1,0 +1,84 @@
+"""When the training loop saves, and how it picks up exactly where a checkpoint left off.
+
+Kept apart from trainers.checkpoint (the on-disk format) so a strategy or a cluster integration can
+use the format without the loop's policy: every_steps, every_seconds, at the end, and on a stop request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainers.checkpoint import Position, Resume, checkpoint_dir, load_latest, restore_rng, save
+from trainers.stop import STOP, StepSignals
+
+
+class Checkpointer:
+    """The loop's checkpoint policy; every method is called by all ranks at the same step."""
+
+    def __init__(self, cfg: Any, run_dir: Optional[str], rank: int, world_size: int, device: torch.device,
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.dir = checkpoint_dir(cfg, run_dir)
+        self._run_dir = Path(run_dir) if run_dir else None
+        self._every_steps = cfg.checkpoint.every_steps
+        self._every_s = cfg.checkpoint.every_seconds
+        self._keep = cfg.checkpoint.keep
+        self._rank = rank
+        self._model, self._optimizer = model, optimizer
+        self._signals = StepSignals(world_size, device)
+        self._last_step = -1
+        self._last_at = time.monotonic()
+
+    def resume(self) -> Optional[Resume]:
+        """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts."""
+        if self.dir is None:
+            return None
+        resumed = load_latest(self.dir, self._model, self._optimizer)
+        if resumed is not None:
+            self._last_step = resumed.position.step
+        return resumed
+
+    def after_step(self, step: int, epoch: int, batch: int, loss: torch.Tensor, last: bool) -> bool:
+        """Save when due; True when the ranks agreed to stop (a signal arrived on any of them)."""
+        time_due = self._rank == 0 and self._every_s > 0 and time.monotonic() - self._last_at >= self._every_s
+        stop, time_due = self._signals.exchange(STOP.requested, time_due)
+        step_due = self._every_steps > 0 and step % self._every_steps == 0
+        if stop or time_due or step_due or last:
+            self.save(Position(step, epoch, batch, float(loss.detach().item()), self._wandb_run_id()))
+        return stop
+
+    def save(self, position: Position) -> None:
+        if self.dir is None or position.step == self._last_step:
+            return
+        path = save(self.dir, self._model, self._optimizer, position, self._keep)
+        self._last_step, self._last_at = position.step, time.monotonic()
+        if self._rank == 0:
+            print(f"checkpoint saved: {path}", flush=True)
+
+    def _wandb_run_id(self) -> Optional[str]:
+        """Written into the run directory by the W&B logger, so a resumed run continues the same W&B run."""
+        path = self._run_dir / "wandb_run_id" if self._run_dir else None
+        if path is not None and path.is_file():
+            return path.read_text(encoding="utf-8").strip() or None
+        return None
+
+
+def open_epoch(loader: DataLoader, skip: int, rng: Optional[dict]) -> Iterator[Any]:
+    """The epoch's batches from batch `skip` on, with the RNG states exactly as the saved run had them there.
+
+    Creating a DataLoader iterator draws from torch's RNG, so the saved states are restored at the
+    point they were captured: before the iterator for an epoch boundary, after skipping otherwise.
+    """
+    if rng is not None and skip == 0:
+        restore_rng(rng)
+    batches = iter(loader)
+    if skip:
+        next(itertools.islice(batches, skip - 1, skip), None)  # consume `skip` batches
+        if rng is not None:
+            restore_rng(rng)
+    return batches
