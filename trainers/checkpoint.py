@@ -39,6 +39,10 @@ STEP_DIR = re.compile(r"^step-(\d{8})$")
 log = logging.getLogger("launcher.checkpoint")
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that verifies but cannot be loaded: refused content, or another job's layout."""
+
+
 @dataclass(frozen=True)
 class Position:
     """Where training stands: the same on every rank at a step boundary."""
@@ -184,6 +188,7 @@ def latest_valid(ckpt_dir: Path, warn: Callable[[str], None] = log.warning, set_
 def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Optional[Resume]:
     """Load the newest good checkpoint into model and optimizer; None when there is none. Collective."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     chosen: List[Optional[str]] = [None]
@@ -197,13 +202,29 @@ def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.O
     path = Path(chosen[0])
     rank_file = path / f"rank-{_rank()}.pt"
     if not rank_file.is_file():
-        raise RuntimeError(f"{path} has no {rank_file.name}: it was written by a job with another world size")
+        raise CheckpointError(f"{path} has no {rank_file.name}: it was written by a job with another world size")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=WeightsOnlyLoadPlanner())
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=WeightsOnlyLoadPlanner())
+        payload = torch.load(rank_file, map_location="cpu", weights_only=True)
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"cannot load {path}: {_root_message(e)}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    payload = torch.load(rank_file, map_location="cpu", weights_only=True)
     return Resume(position=Position(**payload["position"]), rng=payload["rng"], path=path)
+
+
+def _root_message(error: BaseException) -> str:
+    """DCP wraps each rank's exception; the first line of the innermost is the useful part."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        error = next(iter(failures.values()))
+        if isinstance(error, tuple):  # (exception, traceback) in some torch versions
+            error = error[0]
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).strip().splitlines()
+    return f"{error.__class__.__name__}: {text[0] if text else ''}"
 
 
 def _warn_everywhere(message: str) -> None:

@@ -7,9 +7,11 @@ use the format without the loop's policy: every_steps, every_seconds, at the end
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -43,13 +45,16 @@ class Checkpointer:
             self._last_step = resumed.position.step
         return resumed
 
-    def after_step(self, step: int, epoch: int, batch: int, loss: torch.Tensor, last: bool) -> bool:
-        """Save when due; True when the ranks agreed to stop (a signal arrived on any of them)."""
+    def after_step(self, step: int, epoch: int, batch: int, mean_loss: Callable[[], float], last: bool) -> bool:
+        """Save when due; True when the ranks agreed to stop (a signal arrived on any of them).
+
+        mean_loss is collective too, and called only when saving (it synchronises the device).
+        """
         time_due = self._rank == 0 and self._every_s > 0 and time.monotonic() - self._last_at >= self._every_s
         stop, time_due = self._signals.exchange(STOP.requested, time_due)
         step_due = self._every_steps > 0 and step % self._every_steps == 0
         if stop or time_due or step_due or last:
-            self.save(Position(step, epoch, batch, float(loss.detach().item()), self._wandb_run_id()))
+            self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id()))
         return stop
 
     def save(self, position: Position) -> None:
@@ -66,6 +71,28 @@ class Checkpointer:
         if path is not None and path.is_file():
             return path.read_text(encoding="utf-8").strip() or None
         return None
+
+
+def drop_metrics_after(run_dir: Optional[str], step: int) -> None:
+    """A resumed run redoes the steps after its checkpoint: drop their old metrics lines (rank 0 only).
+
+    Without this, metrics.jsonl of a run that died at step 37 and resumed from 30 would hold
+    steps 31-37 twice.
+    """
+    path = Path(run_dir) / "metrics.jsonl" if run_dir else None
+    if path is None or not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) > step:
+                continue
+        except (ValueError, AttributeError):
+            pass  # not ours to judge: keep it
+        kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def open_epoch(loader: DataLoader, skip: int, rng: Optional[dict]) -> Iterator[Any]:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainers.checkpointing import Checkpointer, open_epoch
+from trainers.checkpointing import Checkpointer, drop_metrics_after, open_epoch
 from trainers.data import build_dataset, build_loader
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.faults import maybe_fail
@@ -54,6 +54,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer)
     resumed = checkpointer.resume()
+    if resumed is not None and env.rank == 0:
+        drop_metrics_after(run_dir, resumed.position.step)
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
     global_batch = cfg.data.batch_size * env.world_size
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, pid {os.getpid()}) "
@@ -98,7 +100,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
                     "step_time_s": elapsed / window_steps,
                 })
                 window_start, window_steps = time.perf_counter(), 0
-            stop = checkpointer.after_step(step, epoch, batch_in_epoch, loss, last=step == cfg.trainer.steps)
+            stop = checkpointer.after_step(step, epoch, batch_in_epoch, lambda: _mean_across_ranks(loss, env.world_size),
+                                           last=step == cfg.trainer.steps)
             if step == cfg.trainer.steps or stop:
                 break
         epoch, skip, rng = epoch + 1, 0, None
