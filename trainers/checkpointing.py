@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -18,6 +19,17 @@ from torch.utils.data import DataLoader
 
 from trainers.checkpoint import Position, Resume, checkpoint_dir, load_latest, restore_rng, save
 from trainers.stop import STOP, StepSignals
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the loop starts: from scratch, or just after a checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    skip: int = 0  # batches of `epoch` to pass over
+    rng: Optional[dict] = None  # RNG states to restore at that point (open_epoch)
+    resumed: Optional[Resume] = None
 
 
 class Checkpointer:
@@ -36,14 +48,19 @@ class Checkpointer:
         self._last_step = -1
         self._last_at = time.monotonic()
 
-    def resume(self) -> Optional[Resume]:
+    def resume(self, batches_per_epoch: int) -> Start:
         """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts."""
-        if self.dir is None:
-            return None
-        resumed = load_latest(self.dir, self._model, self._optimizer)
-        if resumed is not None:
-            self._last_step = resumed.position.step
-        return resumed
+        resumed = load_latest(self.dir, self._model, self._optimizer) if self.dir is not None else None
+        if resumed is None:
+            return Start()
+        self._last_step = resumed.position.step
+        if self._rank == 0:
+            drop_metrics_after(self._run_dir, resumed.position.step)
+        step, epoch, skip = resumed.position.step, resumed.position.epoch, resumed.position.batch
+        if skip >= batches_per_epoch:  # saved at the end of an epoch
+            epoch, skip = epoch + 1, 0
+        print(f"resumed from {resumed.path} at step {step} (epoch {epoch}, batch {skip})", flush=True)
+        return Start(step, epoch, skip, resumed.rng, resumed)
 
     def after_step(self, step: int, epoch: int, batch: int, mean_loss: Callable[[], float], last: bool) -> bool:
         """Save when due; True when the ranks agreed to stop (a signal arrived on any of them).
@@ -73,13 +90,13 @@ class Checkpointer:
         return None
 
 
-def drop_metrics_after(run_dir: Optional[str], step: int) -> None:
+def drop_metrics_after(run_dir: Optional[Path], step: int) -> None:
     """A resumed run redoes the steps after its checkpoint: drop their old metrics lines (rank 0 only).
 
     Without this, metrics.jsonl of a run that died at step 37 and resumed from 30 would hold
     steps 31-37 twice.
     """
-    path = Path(run_dir) / "metrics.jsonl" if run_dir else None
+    path = run_dir / "metrics.jsonl" if run_dir else None
     if path is None or not path.is_file():
         return
     kept = []

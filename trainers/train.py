@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainers.checkpointing import Checkpointer, drop_metrics_after, open_epoch
+from trainers.checkpointing import Checkpointer, open_epoch
 from trainers.data import build_dataset, build_loader
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.faults import maybe_fail
@@ -53,9 +53,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     loader, sampler = build_loader(dataset, cfg.data.batch_size, env.rank, env.world_size, cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer)
-    resumed = checkpointer.resume()
-    if resumed is not None and env.rank == 0:
-        drop_metrics_after(run_dir, resumed.position.step)
+    start = checkpointer.resume(len(loader))
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
     global_batch = cfg.data.batch_size * env.world_size
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, pid {os.getpid()}) "
@@ -63,13 +61,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     if cfg.data.record_shards and run_dir:
         _record_shard(run_dir, env.rank, list(iter(sampler)))
 
-    step, epoch, first_step_at = 0, 0, None
-    skip, rng, stop = 0, None, False
-    if resumed is not None:
-        step, epoch, skip, rng = resumed.position.step, resumed.position.epoch, resumed.position.batch, resumed.rng
-        if skip >= len(loader):  # saved at the end of an epoch
-            epoch, skip = epoch + 1, 0
-        print(f"resumed from {resumed.path} at step {step} (epoch {epoch}, batch {skip})", flush=True)
+    step, epoch, first_step_at = start.step, start.epoch, None
+    skip, rng, stop = start.skip, start.rng, False
     step_times: List[float] = []
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
     while step < cfg.trainer.steps and not stop:
@@ -107,10 +100,10 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         epoch, skip, rng = epoch + 1, 0, None
     loggers.close()
 
-    if step_times or resumed is None:
+    if step_times or start.resumed is None:
         final_loss = _mean_across_ranks(loss.detach(), env.world_size)
     else:  # a finished run started again: nothing left to train
-        final_loss = resumed.position.loss
+        final_loss = start.resumed.position.loss
     checksum = param_checksum(model)
     checksums: List[Optional[float]] = [None] * env.world_size
     dist.all_gather_object(checksums, checksum)
@@ -133,7 +126,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "param_checksums": checksums,
         "time_to_first_step_s": _since_launch(first_step_at),
         "restart_count": env.restart_count,
-        "resumed_from_step": resumed.position.step if resumed else None,
+        "resumed_from_step": start.resumed.position.step if start.resumed else None,
         "stopped_by": signal.Signals(STOP.signum).name if STOP.signum else None,
     }
 
