@@ -156,3 +156,63 @@ def test_loading_never_runs_code_from_a_checkpoint(tmp_path, monkeypatch, name):
     with pytest.raises(Exception, match="(?i)unpickl|not allowed|weights_only"):
         ckpt.load_latest(tmp_path, *trained(1))
     assert not (tmp_path / "pwned").exists()
+
+
+def test_every_seconds_saves_when_time_has_passed(tmp_path):
+    from types import SimpleNamespace
+
+    from trainers.checkpointing import Checkpointer
+
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path), every_steps=0, every_seconds=1e-9, keep=5))
+    model, optimizer = trained(0)
+    checkpointer = Checkpointer(cfg, None, 0, 1, torch.device("cpu"), model, optimizer)
+    for step in (1, 2, 3):
+        assert checkpointer.after_step(step, 0, step, lambda: 0.5, last=False) is False
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000003", "step-00000002", "step-00000001"]
+
+
+def _sharded_round_trip(rank, store, ckpt_dir, results):
+    """FSDP2 (fully_shard) on 2 CPU ranks: save, train on, then load into a fresh model and train the same."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        for layer in (model[0], model[2], model):
+            fully_shard(layer)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def train(model, optimizer, steps):
+        for step in steps:
+            g = torch.Generator().manual_seed(step * 10 + rank)
+            optimizer.zero_grad()
+            model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
+            optimizer.step()
+
+    def full(model):
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    model, optimizer = build(0)
+    train(model, optimizer, range(3))
+    ckpt.save(ckpt.Path(ckpt_dir), model, optimizer, ckpt.Position(3, 0, 3), keep=2)
+    train(model, optimizer, range(3, 5))
+    fresh, fresh_optimizer = build(1)
+    resumed = ckpt.load_latest(ckpt.Path(ckpt_dir), fresh, fresh_optimizer)
+    train(fresh, fresh_optimizer, range(3, 5))
+    expected, got = full(model), full(fresh)
+    if rank == 0:
+        results.put((resumed.position.step, all(torch.equal(expected[k], got[k]) for k in expected)))
+    dist.destroy_process_group()
+
+
+def test_sharded_fsdp_model_and_optimizer_resume_exactly(tmp_path):
+    import torch.multiprocessing as mp
+
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_sharded_round_trip, args=(str(tmp_path / "store"), str(tmp_path / "ckpt"), results), nprocs=2)
+    assert results.get() == (3, True)
+    shards = sorted(p.name for p in (tmp_path / "ckpt" / "step-00000003").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
