@@ -158,17 +158,20 @@ def test_loading_never_runs_code_from_a_checkpoint(tmp_path, monkeypatch, name):
     assert not (tmp_path / "pwned").exists()
 
 
-def test_every_seconds_saves_when_time_has_passed(tmp_path):
+def test_every_seconds_saves_when_time_has_passed_and_records_the_wandb_run(tmp_path):
     from types import SimpleNamespace
 
     from trainers.checkpointing import Checkpointer
 
-    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path), every_steps=0, every_seconds=1e-9, keep=5))
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None, every_steps=0, every_seconds=1e-9, keep=5))
+    (tmp_path / "wandb_run_id").write_text("run-xyz\n")  # written by the W&B logger
     model, optimizer = trained(0)
-    checkpointer = Checkpointer(cfg, None, 0, 1, torch.device("cpu"), model, optimizer)
+    checkpointer = Checkpointer(cfg, str(tmp_path), 0, 1, torch.device("cpu"), model, optimizer)
     for step in (1, 2, 3):
         assert checkpointer.after_step(step, 0, step, lambda: 0.5, last=False) is False
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000003", "step-00000002", "step-00000001"]
+    saved = ckpt.list_checkpoints(tmp_path / "checkpoints")
+    assert [p.name for p in saved] == ["step-00000003", "step-00000002", "step-00000001"]
+    assert ckpt.read_manifest(saved[0])["position"]["wandb_run_id"] == "run-xyz"
 
 
 def _sharded_round_trip(rank, store, ckpt_dir, results):

@@ -48,6 +48,27 @@ def test_a_raising_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
     assert [m["step"] for m in read_metrics(run_dir)] == list(range(4, STEPS + 1, 4))
 
 
+def test_each_restart_resumes_and_the_last_failure_is_reported(tmp_path, uninterrupted):
+    faults = "rank=1,step=5;rank=0,step=19,attempt=1;rank=0,step=30,attempt=2"
+    ok = run_launcher([*JOB, f"output_dir={tmp_path / 'ok'}", "--max-restarts", "3"], cwd=tmp_path,
+                      env={"LAUNCHER_INJECT_FAULT": faults})
+    assert ok.returncode == 0, ok.stderr
+    assert "attempt 1: rank 0 failed" in ok.stderr and "attempt 2: rank 0 failed" in ok.stderr
+    summary = read_summary(only_run_dir(tmp_path / "ok"))
+    assert summary["restarts"] == 3 and summary["resumed_from_step"] == 24
+    assert_same_training(summary, uninterrupted)
+
+    out = tmp_path / "out-of-restarts"
+    failed = run_launcher([*JOB, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": faults})
+    assert failed.returncode == 1
+    run_dir = only_run_dir(out)
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 0 failed: exit code 1: InjectedFault: injected fault on rank 0 at step 19 (attempt 1)")
+    assert last.endswith(f"see {run_dir / 'logs' / 'rank-0.attempt-1.log'}")
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["restarts"]) == ("failed", 1)
+
+
 def test_a_sigkilled_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", *JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,

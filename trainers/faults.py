@@ -1,4 +1,4 @@
-"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang].
+"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang][;...].
 
 At step S of restart attempt A (default 0 only, so a restarted job goes on), rank R raises
 (action=raise, the default) or stops making progress forever (action=hang: it prints a line and
@@ -32,8 +32,9 @@ def maybe_fail(rank: int, step: int, attempt: int, spec: Optional[str] = None) -
     spec = os.environ.get(ENV) if spec is None else spec
     if not spec:
         return
-    fault = parse(spec)
-    if (fault["rank"], fault["step"], fault["attempt"]) != (rank, step, attempt):
+    faults = [parse(part) for part in spec.split(";") if part.strip()]
+    fault = next((f for f in faults if (f["rank"], f["step"], f["attempt"]) == (rank, step, attempt)), None)
+    if fault is None:
         return
     if fault["action"] == "hang":
         print(f"injected hang on rank {rank} at step {step} (attempt {attempt}), pid {os.getpid()}", flush=True)
