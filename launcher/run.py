@@ -79,18 +79,28 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
         raise
     except KeyboardInterrupt:
         _finish(run_dir, base, None, "interrupted", started)
-        log.info(f"interrupted; run directory {run_dir}")
+        log.info(f"interrupted; run directory {run_dir}{resume_hint(cfg, run_dir)}")
         return 130
     except BaseException as e:
         signum = getattr(e, "sigval", None)
         if signum is None:
             raise
         _finish(run_dir, base, None, "interrupted", started)
-        log.info(f"stopped by signal {signum}; run directory {run_dir}")
+        log.info(f"stopped by signal {signum}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
         return 128 + int(signum)
     summary = _finish(run_dir, base, first_result(results), "completed", started, restarts=restarts)
     log.info(one_line_summary(summary, run_dir))
     return 0
+
+
+def resume_hint(cfg: Config, run_dir: Path) -> str:
+    """'; continue with: python -m launcher resume DIR' when the built-in trainer left a checkpoint."""
+    if cfg.script.path is not None:
+        return ""
+    from trainers.checkpoint import checkpoint_dir, list_checkpoints
+
+    ckpt_dir = checkpoint_dir(cfg, str(run_dir))
+    return f"; continue with: python -m launcher resume {run_dir}" if ckpt_dir and list_checkpoints(ckpt_dir) else ""
 
 
 def _finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str, started: float,

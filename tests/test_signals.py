@@ -51,6 +51,7 @@ def test_interrupt_stops_everything(tmp_path, how, code):
     saved = list((run_dir / "checkpoints").glob("step-*"))
     assert len(saved) == 1 and (saved[0] / "manifest.json").is_file(), out
     assert "no clean stop" not in out
+    assert f"continue with: python -m launcher resume {run_dir}" in out
 
     step = int(saved[0].name.split("-")[1])
     resumed = run_launcher(["resume", str(run_dir), f"trainer.steps={step + 5}"], cwd=tmp_path)
