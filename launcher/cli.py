@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from typing import Dict, List, NoReturn, Optional, Tuple
 
-from launcher.errors import ConfigError, LauncherError
+from launcher.errors import ConfigError, Interrupted, LauncherError
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
+    "doctor": "launcher.doctor",
     "resume": "launcher.resume",
 }
 
@@ -124,6 +126,7 @@ def script_spec(args: argparse.Namespace, script: List[str]) -> Optional[Tuple[s
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    catch_termination()
     if argv and argv[0] in COMMANDS:
         return run_command(argv[0], argv[1:])
     try:
@@ -137,9 +140,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "sigval", signal.SIGINT)
 
 
 def run_command(name: str, argv: List[str]) -> int:
@@ -151,6 +154,18 @@ def run_command(name: str, argv: List[str]) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "sigval", signal.SIGINT)
+
+
+def catch_termination() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so a job stopped at any moment cleans up and says so.
+
+    (While workers run, torch's agent installs its own handlers, which stop the workers first.)
+    """
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)

@@ -68,6 +68,13 @@ class LaunchSection:
 
 
 @dataclass
+class WatchdogConfig:
+    # seconds a rank that has sent a heartbeat may go without one before the job is declared hung
+    # (stacks dumped to stacks/, job stopped, exit 1); 0 disables. Steps beat; so can scripts.
+    timeout_s: float = 300.0
+
+
+@dataclass
 class WandbConfig:
     mode: str = "offline"  # offline (no key, no network) | online | disabled
     project: str = "launcher"  # W&B project
@@ -97,6 +104,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LaunchSection = field(default_factory=LaunchSection)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
 
 
@@ -176,6 +184,8 @@ def validate(cfg: Config) -> None:
     if not 0 < cfg.checkpoint.grace_s <= 12:
         raise ConfigError(f"checkpoint.grace_s={cfg.checkpoint.grace_s} must be in (0, 12]: "
                           "everything must be gone within 15 s of Ctrl-C")
+    if cfg.watchdog.timeout_s < 0:
+        raise ConfigError(f"watchdog.timeout_s={cfg.watchdog.timeout_s:g} must be positive (or 0 to disable): try watchdog.timeout_s=300")
     if cfg.trainer.lr <= 0:
         raise ConfigError(f"trainer.lr={cfg.trainer.lr} must be positive: try trainer.lr=1e-3")
     _one_of(cfg.trainer.strategy, STRATEGIES, "trainer.strategy")

@@ -25,3 +25,15 @@ class WorkerFailedError(LauncherError):
 
 class RendezvousError(LauncherError):
     """Nodes could not find each other in time."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM/SIGHUP to the launcher, raised like Ctrl-C so the same clean-up runs; exit 128+signal."""
+
+    def __init__(self, sigval: int) -> None:
+        super().__init__(f"signal {sigval}")
+        self.sigval = sigval
+
+
+class HangError(LauncherError):
+    """The watchdog saw ranks stop making progress; the message names them and where they were."""

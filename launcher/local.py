@@ -14,6 +14,7 @@ from launcher.errors import RendezvousError, WorkerFailedError
 from launcher.failures import FailureWatch, failure_reason, rank_log, root_cause
 from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
 from launcher.plan import LaunchPlan
+from launcher.watchdog import run_watched
 from launcher.worker import WorkerSpec, run_worker
 
 log = logging.getLogger("launcher")
@@ -58,7 +59,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], 
     watch = FailureWatch(plan)
     try:
         with watch.installed():
-            results = elastic_launch(launch_config, run_worker)(spec)
+            results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, run_worker)(spec))
     except ChildFailedError as e:
         raise WorkerFailedError(describe_failure(e, plan, watch.last)) from e
     except TorchRendezvousError as e:

@@ -27,7 +27,7 @@ class Hardware:
 
     cuda_devices: int  # CUDA devices torch can see (0 on a CPU box)
     cpu_cores: int  # usable cores for worker threads
-    fork_safe: bool = True  # False once CUDA is initialised in this process, or without fork
+    fork_unsafe_reason: Optional[str] = None  # why forking workers from this process is unsafe, if it is
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,10 @@ def choose_start_method(cfg: Config, hw: Hardware) -> Tuple[str, str]:
     asked = cfg.launcher.start_method
     if asked == "spawn":
         return "spawn", "launcher.start_method=spawn asked for"
-    if not hw.fork_safe:
+    if hw.fork_unsafe_reason:
         if asked == "fork":
-            raise ConfigError("launcher.start_method=fork is unsafe here (CUDA already initialised or no fork): use spawn")
-        return "spawn", "fork is unsafe in this process (CUDA initialised or no fork): fresh interpreters"
+            raise ConfigError(f"launcher.start_method=fork is unsafe here ({hw.fork_unsafe_reason}): use launcher.start_method=spawn")
+        return "spawn", f"fresh interpreters: fork is unsafe here ({hw.fork_unsafe_reason})"
     return "fork", "workers forked from the warm agent (torch already imported)"
 
 

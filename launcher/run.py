@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.config import Config, ScriptConfig, load_config, to_dict, to_yaml, validate
-from launcher.errors import LauncherError, WorkerFailedError
+from launcher.errors import HangError, LauncherError, WorkerFailedError
 from launcher.plan import Hardware, LaunchPlan, build_plan, new_run_id
 from launcher.rundir import build_summary, create_run_dir, write_atomic, write_json
 
@@ -31,8 +32,29 @@ def detect_hardware() -> Hardware:
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    fork_safe = hasattr(os, "fork") and not torch.cuda.is_initialized()
-    return Hardware(cuda_devices=cuda, cpu_cores=cores, fork_safe=fork_safe)
+    return Hardware(cuda_devices=cuda, cpu_cores=cores, fork_unsafe_reason=fork_unsafe_reason())
+
+
+# A process that has only imported torch runs this many native threads (the main thread and one
+# of torch's; measured with torch 2.13). More means a thread pool (OpenMP, BLAS) has started, and
+# a forked child that uses it can hang: we then start fresh interpreters instead.
+THREADS_AFTER_IMPORT = 2
+
+
+def fork_unsafe_reason() -> Optional[str]:
+    import threading
+
+    import torch
+
+    if not hasattr(os, "fork"):
+        return "this platform has no fork"
+    if torch.cuda.is_initialized():
+        return "CUDA is already initialised in the launcher process"
+    native = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    extra = native - (threading.active_count() - 1)  # Python threads are the agent's own business
+    if extra > THREADS_AFTER_IMPORT:
+        return f"the launcher process already runs {extra} native threads (a torch/OpenMP thread pool started)"
+    return None
 
 
 def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[str, bool, List[str]]]) -> int:
@@ -61,6 +83,8 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
     write_json(run_dir / "plan.json", plan.to_dict())
     for notice in plan.notices:
         log.info(notice)
+    if plan.start_method == "spawn":
+        log.info(plan.start_method_reason)
     log.info(f"run {plan.run_id}: {plan.world_size} workers ({plan.nodes} node x {plan.workers_per_node}), "
              f"{plan.backend}, start method {plan.start_method}; run directory {run_dir}")
     os.environ["LAUNCHER_START_TIME"] = repr(started)
@@ -74,13 +98,14 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
     try:
         results, restarts = run_node(plan, to_dict(cfg))
     except LauncherError as e:
-        _finish(run_dir, base, None, "failed", started, error=str(e),
+        _finish(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started, error=str(e),
                 restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "sigval", signal.SIGINT)
         _finish(run_dir, base, None, "interrupted", started)
-        log.info(f"interrupted; run directory {run_dir}{resume_hint(cfg, run_dir)}")
-        return 130
+        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
+        return 128 + int(signum)
     except BaseException as e:
         signum = getattr(e, "sigval", None)
         if signum is None:

@@ -9,7 +9,9 @@ import signal
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NoReturn
+
+from launcher import beats
 
 PR_SET_PDEATHSIG = 1
 
@@ -25,15 +27,26 @@ class WorkerSpec:
 def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
+    _restore_signal_defaults()
     _merge_stderr_into_stdout()
+    _apply_thread_count()
+    _register_heartbeat(spec)
     try:
         return _run(spec)
-    except SystemExit:
-        raise
-    except BaseException:
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise  # torch's wrapper treats a clean exit as success
+        _exit_now(e.code if isinstance(e.code, int) else 1)
+    except KeyboardInterrupt:
+        _exit_now(128 + signal.SIGINT)
+    except BaseException as e:
         traceback.print_exc()  # torch's process wrapper only queues it; users want it in the log
-        sys.stderr.flush()
-        raise
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(e)  # the agent reads this to name the error
+        _exit_now(1)
+    finally:
+        beats.disarm()  # teardown after the last step is not a hang
 
 
 def _run(spec: WorkerSpec) -> Dict[str, Any]:
@@ -45,7 +58,8 @@ def _run(spec: WorkerSpec) -> Dict[str, Any]:
     from trainers.train import train
 
     result = train(from_dict(spec.config), spec.run_dir)
-    STOP.exit_if_stopped()  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
+    if STOP.signum is not None:  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
+        _exit_now(128 + STOP.signum)
     return result
 
 
@@ -81,6 +95,14 @@ def _exec_as_main(script: str) -> None:
     exec(code, main.__dict__)
 
 
+def _register_heartbeat(spec: WorkerSpec) -> None:
+    """Arm the node watchdog's view of this rank (heartbeat file, stack dump on signal) when it is on."""
+    timeout_s = float(spec.config.get("watchdog", {}).get("timeout_s", 0))
+    os.environ[beats.TIMEOUT_ENV] = f"{timeout_s:g}"  # so scripts can set a process-group timeout above it
+    if timeout_s > 0:
+        beats.register(spec.run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def _die_with_parent() -> None:
     """Linux: if the agent dies (even by SIGKILL), the kernel kills this worker: no orphans."""
     if not sys.platform.startswith("linux"):
@@ -92,6 +114,35 @@ def _die_with_parent() -> None:
             os._exit(1)
     except OSError:
         pass
+
+
+def _exit_now(code: int) -> "NoReturn":
+    """Leave without running destructors: a process group whose peer is gone can block forever in
+    its destructor, which would keep a failed or interrupted worker alive (and the job hung)."""
+    beats.disarm()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _restore_signal_defaults() -> None:
+    """A forked worker inherits the agent's handlers (torch raises SignalException from them, which
+    never runs while a rank blocks in a collective): give it a fresh interpreter's dispositions."""
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _apply_thread_count() -> None:
+    """A forked worker inherits torch already imported, so OMP_NUM_THREADS set afterwards is not read:
+    apply it explicitly, as a fresh interpreter under torchrun would."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 def _merge_stderr_into_stdout() -> None:

@@ -37,9 +37,10 @@ def test_threads_share_the_cores():
 def test_start_method_falls_back_to_spawn_when_fork_is_unsafe():
     assert plan_for([]).start_method == "fork"
     assert plan_for(["launcher.start_method=spawn"]).start_method == "spawn"
-    unsafe = Hardware(cuda_devices=0, cpu_cores=2, fork_safe=False)
+    unsafe = Hardware(cuda_devices=0, cpu_cores=2, fork_unsafe_reason="CUDA is already initialised")
     assert plan_for([], unsafe).start_method == "spawn"
-    with pytest.raises(ConfigError, match="use spawn"):
+    assert "CUDA is already initialised" in plan_for([], unsafe).start_method_reason
+    with pytest.raises(ConfigError, match="use launcher.start_method=spawn"):
         plan_for(["launcher.start_method=fork"], unsafe)
 
 

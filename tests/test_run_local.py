@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import QUICK, only_run_dir, read_metrics, read_summary, run_launcher
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.mark.parametrize("workers", [2, 4])

@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import only_run_dir, read_summary, run_launcher
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 CONTRACT = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "ROLE_RANK", "ROLE_WORLD_SIZE", "OMP_NUM_THREADS"]

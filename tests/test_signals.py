@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import QUICK, descendants, kill_group, launcher_env, only_run_dir, read_summary, run_launcher, wait_gone
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def start_long_job(tmp_path):

@@ -42,6 +42,12 @@ def pick_device(env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def process_group_timeout(watchdog_timeout_s: float, default_s: float = 300.0) -> float:
+    """Collective timeout, well past the watchdog's, so a hang is explained by the watchdog's stack
+    dump rather than cut short by a bare gloo/NCCL timeout error."""
+    return max(default_s, 2 * watchdog_timeout_s + 60) if watchdog_timeout_s > 0 else default_s
+
+
 def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 300.0) -> str:
     """NCCL when every worker has its own CUDA device, gloo otherwise."""
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -19,10 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from launcher import heartbeat
 from trainers.checkpointing import Checkpointer, open_epoch
 from trainers.data import build_dataset, build_loader
-from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
+from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
 from trainers.faults import maybe_fail
+from trainers.inject_hang import maybe_hang
 from trainers.loggers import build_loggers, run_dir_from_env
 from trainers.models import build_model, param_checksum
 from trainers.stop import STOP
@@ -37,7 +39,7 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     STOP.install(grace_s=cfg.checkpoint.grace_s)  # Ctrl-C/SIGTERM: checkpoint at the next step boundary
     set_threads()
     device = pick_device(env)
-    backend = init_process_group(env, device)
+    backend = init_process_group(env, device, process_group_timeout(cfg.watchdog.timeout_s))
     result = _train(cfg, run_dir, env, device, backend)
     # Only on success: a failing rank must not close its connections before its error is recorded,
     # or its peers' "connection closed" errors may be recorded first and blamed (launcher.local.root_cause).
@@ -65,6 +67,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     skip, rng, stop = start.skip, start.rng, False
     step_times: List[float] = []
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
+    heartbeat()  # arms the node's hang watchdog for this rank (launcher.watchdog)
     while step < cfg.trainer.steps and not stop:
         sampler.set_epoch(epoch)
         batch_in_epoch = skip
@@ -93,6 +96,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
                     "step_time_s": elapsed / window_steps,
                 })
                 window_start, window_steps = time.perf_counter(), 0
+            heartbeat()
+            maybe_hang(env.rank, step)
             stop = checkpointer.after_step(step, epoch, batch_in_epoch, lambda: _mean_across_ranks(loss, env.world_size),
                                            last=step == cfg.trainer.steps)
             if step == cfg.trainer.steps or stop:

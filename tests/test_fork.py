@@ -1,0 +1,115 @@
+"""Warm forked workers: same results as fresh interpreters, scripts behave as under torchrun,
+and an unsafe parent falls back to spawn."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers import QUICK, REPO, launcher_env, only_run_dir, read_summary, run_launcher
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# Everything a script can observe about how it was started, minus what differs per run (ids, ports, pids).
+OBSERVER = textwrap.dedent("""
+    import json, os, signal, sys
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+    from sibling import VALUE
+
+    got = []
+    signal.signal(signal.SIGUSR1, lambda *a: got.append("usr1"))
+    os.kill(os.getpid(), signal.SIGUSR1)
+
+    dist.init_process_group("gloo")
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8, num_workers=2)
+    total = torch.tensor(sum(float(b[0].sum()) for b in loader))
+    dist.all_reduce(total)
+    seen = {
+        "name": __name__, "argv": sys.argv, "file": os.path.basename(__file__), "sibling": VALUE,
+        "signal_handled": got, "loader_total": float(total), "path0": sys.path[0] == os.path.dirname(os.path.abspath(__file__)),
+        "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                                "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+                                                "TORCHELASTIC_MAX_RESTARTS", "MASTER_ADDR")},
+        "threads": torch.get_num_threads(),
+        "handlers": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")},
+        "spec": __spec__ is None, "package": __package__,
+    }
+    out = sys.argv[sys.argv.index("--out") + 1]
+    with open(os.path.join(out, "seen-%s.json" % os.environ["RANK"]), "w") as f:
+        json.dump(seen, f, sort_keys=True)
+    dist.destroy_process_group()
+""")
+
+
+def observe(tmp_path, launcher_argv, name):
+    out = tmp_path / name
+    out.mkdir()
+    argv = [*launcher_argv, "observer.py", "--flag", "x y", "--out", str(out)]
+    proc = subprocess.run(argv, cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads((out / f"seen-{r}.json").read_text()) for r in range(2)], str(out)
+
+
+def test_script_sees_the_same_world_as_under_torchrun(tmp_path):
+    (tmp_path / "observer.py").write_text(OBSERVER)
+    (tmp_path / "sibling.py").write_text("VALUE = 42\n")
+    torchrun = [str(REPO / ".venv" / "bin" / "torchrun"), "--nproc-per-node", "2", "--max-restarts", "0"]
+    if not (REPO / ".venv" / "bin" / "torchrun").exists():
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0"]
+    ours, ours_out = observe(tmp_path, [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}"], "ours")
+    theirs, theirs_out = observe(tmp_path, torchrun, "torchrun")
+    for mine, ref in zip(ours, theirs):
+        mine["argv"] = [a.replace(ours_out, "OUT") for a in mine["argv"]]
+        ref["argv"] = [a.replace(theirs_out, "OUT") for a in ref["argv"]]
+        assert mine == ref
+    assert ours[0]["signal_handled"] == ["usr1"] and ours[0]["loader_total"] == 2 * sum(range(64))
+    assert ours[0]["argv"] == ["observer.py", "--flag", "x y", "--out", "OUT"]
+
+
+def test_forked_and_spawned_workers_train_identically(tmp_path):
+    results = {}
+    for method in ("fork", "spawn"):
+        out = tmp_path / method
+        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", f"launcher.start_method={method}", *QUICK], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        run_dir = only_run_dir(out)
+        assert json.loads((run_dir / "plan.json").read_text())["start_method"] == method
+        results[method] = read_summary(run_dir)
+    assert results["fork"]["param_checksum"] == results["spawn"]["param_checksum"]
+    assert results["fork"]["final_loss"] == results["spawn"]["final_loss"]
+
+
+def test_parent_with_a_started_thread_pool_falls_back_to_spawn(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, torch
+        x = torch.randn(256, 256)
+        (x @ x).sum()                      # starts torch's intra-op thread pool in this process
+        from launcher.cli import main
+        sys.exit(main(["--gpus", "2", "output_dir={tmp_path}", "trainer.steps=3", *{QUICK!r}]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "fork is unsafe here" in proc.stderr and "thread" in proc.stderr
+    plan = json.loads((only_run_dir(tmp_path) / "plan.json").read_text())
+    assert plan["start_method"] == "spawn"
+
+
+@pytest.mark.gpu
+def test_parent_with_cuda_initialised_falls_back_to_spawn(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    code = textwrap.dedent(f"""
+        import sys, torch
+        torch.zeros(1, device="cuda")
+        from launcher.cli import main
+        sys.exit(main(["--gpus", "1", "output_dir={tmp_path}", "trainer.steps=3"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA is already initialised" in proc.stderr

@@ -1,0 +1,145 @@
+"""A rank that stops making progress is caught: stacks dumped, stuck ranks named, job stopped, exit 1."""
+
+import faulthandler
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from launcher.watchdog import RankBeat, main_thread_frames, stuck_ranks, where
+from tests.helpers import QUICK, descendants, kill_group, launcher_env, only_run_dir, read_summary, wait_gone
+
+pytestmark = pytest.mark.timeout(120)
+
+TIMEOUT_S = 3
+# Hang detection, stack dump and shutdown, beyond the timeout itself; generous for a loaded 2-core box.
+BOUND_S = 45
+
+HANGING_SCRIPT = textwrap.dedent("""
+    import os, time
+    import torch
+    import torch.distributed as dist
+    from launcher import heartbeat
+
+    def wait_forever():
+        while True:
+            time.sleep(3600)
+
+    assert os.environ["LAUNCHER_WATCHDOG_TIMEOUT_S"] == "3"  # for a process-group timeout above it
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    for step in range(1, 1000000):
+        heartbeat()
+        if dist.get_rank() == 1 and step == 5:
+            wait_forever()
+        dist.all_reduce(t)
+""")
+
+SILENT_SCRIPT = textwrap.dedent("""
+    import time
+    time.sleep(2.5)  # never calls heartbeat(): the watchdog must leave it alone
+""")
+
+
+def launch(tmp_path, args, env=None):
+    """Start the launcher; return (process, its worker processes once they run)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", f"output_dir={tmp_path / 'runs'}", *args],
+        cwd=tmp_path, env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(descendants(proc.pid)) < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    return proc, descendants(proc.pid)
+
+
+def finish(proc, timeout):
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        kill_group(proc)
+
+
+def check_hang_report(tmp_path, proc, workers, err, hung_rank_place):
+    assert proc.returncode == 1, err
+    assert wait_gone(workers, timeout=5) == [], "a worker outlived the launcher"
+    run_dir = only_run_dir(tmp_path / "runs")
+    summary = read_summary(run_dir)
+    assert summary["status"] == "hung"
+    message = summary["error"]
+    assert message in err  # the same one line on the console
+    assert "rank 0 stuck" in message and "rank 1 " in message
+    assert hung_rank_place in message, message  # where the hung rank sits
+    for rank in (0, 1):
+        dump = (run_dir / "stacks" / f"rank-{rank}.txt").read_text()
+        assert "most recent call first" in dump, dump
+    return message
+
+
+def test_user_script_hang_is_caught_and_explained(tmp_path):
+    (tmp_path / "hang.py").write_text(HANGING_SCRIPT)
+    proc, workers = launch(tmp_path, ["--gpus", "2", f"watchdog.timeout_s={TIMEOUT_S}", "hang.py"])
+    assert len(workers) == 2, workers
+    _, err = finish(proc, TIMEOUT_S + BOUND_S)
+    message = check_hang_report(tmp_path, proc, workers, err, "wait_forever (hang.py:")
+    assert "all_reduce (hang.py:" in message  # rank 0 waits for rank 1 in the collective
+
+
+def test_builtin_trainer_hang_is_caught_and_explained(tmp_path):
+    env = {"LAUNCHER_TEST_HANG_RANK": "1", "LAUNCHER_TEST_HANG_STEP": "5"}
+    args = ["--gpus", "2", f"watchdog.timeout_s={TIMEOUT_S}", "trainer.steps=100000", "wandb.mode=disabled", *QUICK]
+    proc, workers = launch(tmp_path, args, env)
+    _, err = finish(proc, TIMEOUT_S + BOUND_S)
+    message = check_hang_report(tmp_path, proc, workers, err, "maybe_hang (trainers/inject_hang.py:")
+    assert "(trainers/train.py:" in message  # rank 0's place, as a path the user knows
+
+
+def test_script_that_never_beats_is_not_judged(tmp_path):
+    (tmp_path / "silent.py").write_text(SILENT_SCRIPT)
+    proc, _ = launch(tmp_path, ["--gpus", "2", "watchdog.timeout_s=1", "silent.py"])
+    _, err = finish(proc, 60)
+    assert proc.returncode == 0, err
+    assert read_summary(only_run_dir(tmp_path / "runs"))["status"] == "completed"
+
+
+def test_a_real_dump_names_the_main_threads_place():
+    """Parse a real faulthandler dump with a second thread in it, as a worker's would look."""
+    ready, release = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (ready.set(), release.wait()))
+    other.start()
+    ready.wait()
+    try:
+        with open(__file__ + ".dump.tmp", "w+") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            f.seek(0)
+            dump = f.read()
+    finally:
+        release.set()
+        other.join()
+        import os
+
+        os.unlink(__file__ + ".dump.tmp")
+    frames = main_thread_frames(dump, threading.main_thread().ident)
+    assert frames and frames[0][2] == "test_a_real_dump_names_the_main_threads_place"
+    assert where(frames).startswith("test_a_real_dump_names_the_main_threads_place (")
+    assert "test_watchdog.py:" in where(frames)
+
+
+def test_only_ranks_that_beat_and_went_silent_are_stuck():
+    ranks = [RankBeat(0, 0, 10, 1, beat_at=100.0), RankBeat(1, 1, 11, 1, beat_at=0.0), RankBeat(2, 2, 12, 1, beat_at=95.0)]
+    assert stuck_ranks(ranks, 3, now=97.0) == []  # rank 1 never beat: never judged
+    assert [r.rank for r in stuck_ranks(ranks, 3, now=99.0)] == [2]
+    assert [r.rank for r in stuck_ranks(ranks, 3, now=104.0)] == [2, 0]  # longest silent first
+
+
+def test_negative_timeout_is_refused_with_the_fix():
+    from launcher.config import load_config
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"watchdog.timeout_s=-1 .*0 to disable"):
+        load_config(None, ["watchdog.timeout_s=-1"])
+    assert load_config(None, ["watchdog.timeout_s=0"]).watchdog.timeout_s == 0
