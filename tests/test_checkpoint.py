@@ -174,7 +174,7 @@ def test_every_seconds_saves_when_time_has_passed_and_records_the_wandb_run(tmp_
     assert ckpt.read_manifest(saved[0])["position"]["wandb_run_id"] == "run-xyz"
 
 
-def _sharded_round_trip(rank, store, ckpt_dir, results):
+def _sharded_round_trip(rank, store, ckpt_dir, result_file):
     """FSDP2 (fully_shard) on 2 CPU ranks: save, train on, then load into a fresh model and train the same."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
@@ -207,15 +207,24 @@ def _sharded_round_trip(rank, store, ckpt_dir, results):
     train(fresh, fresh_optimizer, range(3, 5))
     expected, got = full(model), full(fresh)
     if rank == 0:
-        results.put((resumed.position.step, all(torch.equal(expected[k], got[k]) for k in expected)))
+        same = all(torch.equal(expected[k], got[k]) for k in expected)
+        ckpt.Path(result_file).write_text(f"{resumed.position.step} {same}")
     dist.destroy_process_group()
 
 
 def test_sharded_fsdp_model_and_optimizer_resume_exactly(tmp_path):
-    import torch.multiprocessing as mp
-
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_sharded_round_trip, args=(str(tmp_path / "store"), str(tmp_path / "ckpt"), results), nprocs=2)
-    assert results.get() == (3, True)
+    result = tmp_path / "result"
+    code = "import sys; from tests.test_checkpoint import _sharded_round_trip as f; f(int(sys.argv[1]), *sys.argv[2:])"
+    args = [str(tmp_path / "store"), str(tmp_path / "ckpt"), str(result)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(rank), *args], cwd=REPO, env=launcher_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert result.read_text() == "3 True"
     shards = sorted(p.name for p in (tmp_path / "ckpt" / "step-00000003").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
