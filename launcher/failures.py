@@ -59,16 +59,30 @@ class FailureWatch:
                         f"see {rank_log(self.plan, rank, attempt)}")
 
 
+# Signals agents and users send to stop a whole job: a rank that died of one of these was most
+# likely stopped because another rank failed, not the cause.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def root_cause(failures: Dict[int, Any]) -> Tuple[int, Any]:
-    """A rank killed by a signal caused the rest; otherwise the error file written first (to the ns) wins."""
+    """The failure that most likely caused the others.
+
+    First a rank killed by a signal nobody sends to stop a job (SIGKILL, SIGSEGV, the OOM killer),
+    then the rank whose error was recorded first (to the nanosecond; torch's timestamps are whole
+    seconds), then exit codes, and last the ranks stopped with SIGTERM/SIGINT/SIGHUP.
+    """
     def order(item: Tuple[int, Any]) -> Tuple[int, float, int]:
         rank, failure = item
-        killed = failure.exitcode is not None and failure.exitcode < 0
+        code = failure.exitcode
+        if code is not None and code < 0:
+            kind = 3 if -code in STOP_SIGNALS else 0
+        else:
+            kind = 1
         try:
-            written = os.stat(failure.error_file).st_mtime_ns
+            written = float(os.stat(failure.error_file).st_mtime_ns)
         except (OSError, TypeError, ValueError):
-            written = failure.timestamp * 10**9
-        return (0 if killed else 1, written, rank)
+            written, kind = float(failure.timestamp) * 1e9, 2 if kind == 1 else kind
+        return (kind, written, rank)
 
     return min(failures.items(), key=order)
 
