@@ -16,6 +16,7 @@ OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
     "doctor": "launcher.doctor",
+    "resume": "launcher.resume",
 }
 
 EPILOG = """\
@@ -26,6 +27,7 @@ examples:
   python -m launcher --gpus 2 -m mypkg.train --epochs 3     a module, like python -m
   python -m launcher --config configs/quick.yaml --dry-run  print the resolved config and plan only
   python -m launcher --show-config                          every config key with its default
+  python -m launcher resume runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
 
   python -m launcher --nodes 2 --gpus 2                     2 nodes simulated on this machine (WORLD_SIZE 4)
   python -m launcher --nodes 2 --gpus 4 --node-rank 0 --master-addr HOST --master-port 29500

@@ -53,6 +53,7 @@ class LaunchPlan:
     notices: Tuple[str, ...] = ()
     mode: str = "single"  # single | simulated | static | c10d (launcher.multinode)
     node_rank: Optional[int] = None  # this node's rank where known before the rendezvous (static)
+    shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -120,4 +121,6 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         worker_env={"OMP_NUM_THREADS": str(omp), "LAUNCHER_RUN_DIR": run_dir, "LAUNCHER_BACKEND": backend},
         agent_env=dict(AGENT_ENV),
         notices=tuple(notices),
+        # workers stop themselves checkpoint.grace_s after the signal; the agent's SIGKILL is the backstop
+        shutdown_timeout_s=int(cfg.checkpoint.grace_s) + 2,
     )

@@ -128,18 +128,28 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, node: Any =
     except KeyboardInterrupt as e:
         signum = getattr(e, "sigval", signal.SIGINT)
         finish(run_dir, base, None, "interrupted", started)
-        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}")
+        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
         return 128 + int(signum)
     except BaseException as e:
         signum = getattr(e, "sigval", None)
         if signum is None:
             raise
         finish(run_dir, base, None, "interrupted", started)
-        log.info(f"stopped by signal {signum}; run directory {run_dir}")
+        log.info(f"stopped by signal {signum}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
         return 128 + int(signum)
     summary = finish(run_dir, base, first_result(results), "completed", started, restarts=restarts)
     log.info(one_line_summary(summary, run_dir))
     return 0
+
+
+def resume_hint(cfg: Config, run_dir: Path) -> str:
+    """'; continue with: python -m launcher resume DIR' when the built-in trainer left a checkpoint."""
+    if cfg.script.path is not None:
+        return ""
+    from trainers.checkpoint import checkpoint_dir, list_checkpoints
+
+    ckpt_dir = checkpoint_dir(cfg, str(run_dir))
+    return f"; continue with: python -m launcher resume {run_dir}" if ckpt_dir and list_checkpoints(ckpt_dir) else ""
 
 
 def _finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str, started: float,
