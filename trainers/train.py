@@ -16,13 +16,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trainers.data import build_dataset, build_loader
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.loggers import build_loggers, run_dir_from_env
+from trainers.footprint import PeakMemory, state_bytes
 from trainers.models import build_model, param_checksum
-from trainers.strategies import STRATEGIES
+from trainers.strategies import STRATEGIES, data_layout, train_step
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
 
@@ -44,12 +44,16 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     model = STRATEGIES[cfg.trainer.strategy](build_model(cfg.model), device, cfg)
     seed_everything(cfg.seed + env.rank)  # per-rank randomness from here on
     dataset = build_dataset(cfg)
-    loader, sampler = build_loader(dataset, cfg.data.batch_size, env.rank, env.world_size, cfg.seed)
+    layout = data_layout(cfg, env.rank, env.world_size, device)  # which shard, how many samples per step
+    loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
-    global_batch = cfg.data.batch_size * env.world_size
+    global_batch = layout.batch_size * layout.shard_count
+    memory = PeakMemory(device)
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}) on {device}, "
           f"{backend}, {len(sampler)} samples per epoch", flush=True)
+    if layout.note and env.rank == 0:
+        print(f"{cfg.trainer.strategy}: {layout.note}", flush=True)
     if cfg.data.record_shards and run_dir:
         _record_shard(run_dir, env.rank, list(iter(sampler)))
 
@@ -61,10 +65,10 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         for x, y in loader:
             t0 = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = train_step(model, x, y)  # forward + backward, as the strategy needs them
             optimizer.step()
+            memory.sample()
             step += 1
             step_times.append(time.perf_counter() - t0)
             window_steps += 1
@@ -90,6 +94,9 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     checksum = param_checksum(model)
     checksums: List[Optional[float]] = [None] * env.world_size
     dist.all_gather_object(checksums, checksum)
+    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes()}
+    footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
+    dist.all_gather_object(footprints, footprint)
     steady = step_times[WARMUP_STEPS:] or step_times
     median = statistics.median(steady)
     return {
@@ -109,7 +116,22 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "param_checksums": checksums,
         "time_to_first_step_s": _since_launch(first_step_at),
         "restart_count": env.restart_count,
+        **_strategy_figures(cfg, layout, footprints, global_batch / median, memory.kind),
     }
+
+
+def _strategy_figures(cfg: Any, layout: Any, footprints: List[Any], samples_per_s: float, memory_kind: str) -> Dict[str, Any]:
+    """Per-rank memory and state bytes, for comparing strategies (compare.json)."""
+    figures: Dict[str, Any] = {f"{key}_per_rank": [f[key] for f in footprints] for key in footprints[0]}
+    figures.update({
+        "peak_memory_kind": memory_kind,
+        "replica_groups": layout.replica_groups,
+        "strategy_note": layout.note or None,
+        "processes": len(footprints),
+    })
+    if cfg.model.name == "gpt":
+        figures["tokens_per_s"] = samples_per_s * cfg.model.seq_len
+    return figures
 
 
 def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
