@@ -114,6 +114,13 @@ def test_compare_shows_what_sharding_does_to_per_rank_state(compared):
     assert sum(rows["pipeline"]["param_bytes_per_rank"]) == ddp["param_bytes_per_rank"][0]  # stages split the model
 
 
+def test_comm_share_is_measured_for_ddp_and_not_guessed_for_the_others(compared):
+    rows = compared["rows"]
+    assert 0 <= rows["ddp"]["comm_share"] < 1
+    assert all(row["comm_share"] is None for name, row in rows.items() if name != "ddp")
+    assert "| n/m |" in (compared["dir"] / "compare.md").read_text()
+
+
 def test_single_process_strategies_say_they_ran_on_the_cpu(compared):
     for strategy in ("dp", "naive_mp"):
         row = compared["rows"][strategy]
