@@ -15,6 +15,7 @@ OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
+    "compare": "launcher.compare",
     "doctor": "launcher.doctor",
     "resume": "launcher.resume",
 }
@@ -34,6 +35,7 @@ examples:
                                                             one node of a 2-machine job (run it on each, K=0,1)
   python -m launcher --nodes 2 --gpus 2 --rdzv-endpoint HOST:29400 --rdzv-id job1
                                                             c10d rendezvous: same command on every node
+  python -m launcher compare --gpus 4 strategies=ddp,fsdp   the same job under each strategy, side by side
 
 Configuration precedence: built-in defaults < --config YAML < flags and key=value overrides.
 Without CUDA, --gpus G runs G CPU workers with gloo.

@@ -14,8 +14,9 @@ from typing import Any, List, Optional
 
 from launcher.errors import ConfigError
 
-STRATEGIES = ("ddp",)
-MODELS = ("mlp",)
+STRATEGIES = ("dp", "ddp", "fsdp", "pipeline", "tensor", "naive_mp")
+MODELS = ("mlp", "gpt", "cnn")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -24,11 +25,16 @@ _SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # a built-in model: mlp
+    name: str = "mlp"  # a built-in model: mlp | gpt (small transformer LM) | cnn (image classifier)
     in_dim: int = 256  # input features (mlp)
-    hidden: int = 512  # hidden width (mlp: 4 layers of 512 is about 0.9M parameters)
-    depth: int = 4  # hidden layers (mlp)
-    classes: int = 10  # output classes
+    hidden: int = 512  # hidden width (mlp: 4 layers of 512 is about 0.9M parameters; gpt: model width; cnn: classifier width)
+    depth: int = 4  # hidden layers (mlp), transformer blocks (gpt), conv blocks (cnn)
+    classes: int = 10  # output classes (mlp, cnn)
+    vocab: int = 64  # vocabulary of the synthetic text corpus (gpt)
+    seq_len: int = 32  # tokens per sample (gpt)
+    heads: int = 4  # attention heads (gpt); hidden must divide by it
+    channels: int = 16  # conv channels (cnn)
+    image_size: int = 16  # square synthetic images, 3 channels (cnn)
 
 
 @dataclass
@@ -39,11 +45,19 @@ class DataConfig:
 
 
 @dataclass
+class PipelineConfig:
+    stages: int = 0  # pipeline stages; 0 = all workers form one pipeline; fewer = pipeline x data parallel
+    microbatches: int = 4  # microbatches per step; each replica's batch (batch_size x stages) must divide by it
+    schedule: str = "gpipe"  # gpipe | 1f1b
+
+
+@dataclass
 class TrainerConfig:
-    strategy: str = "ddp"  # how the model is parallelised: ddp
+    strategy: str = "ddp"  # how the model is parallelised: dp | ddp | fsdp | pipeline | tensor | naive_mp
     steps: int = 200  # optimizer steps to run
     lr: float = 1e-3  # AdamW learning rate
     log_every: int = 10  # write a metrics.jsonl line every N steps (and at the last step)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # trainer.strategy=pipeline only
 
 
 @dataclass
@@ -211,6 +225,11 @@ def validate(cfg: Config) -> None:
         )
     if cfg.script.path is not None and not cfg.script.module:
         _check_script(cfg.script.path)
+    else:
+        from launcher.compat import check_strategy
+
+        _one_of(cfg.trainer.pipeline.schedule, PIPELINE_SCHEDULES, "trainer.pipeline.schedule")
+        check_strategy(cfg)
 
 
 def _check_script(path: str) -> None:

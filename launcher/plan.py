@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
+from launcher.compat import workers_per_node
 from launcher.config import Config
 from launcher.errors import ConfigError
 
@@ -90,6 +91,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
     from launcher.multinode import rendezvous_fields
 
     notices = []
+    workers = workers_per_node(cfg)
     if hw.cuda_devices > 0:
         if cfg.gpus > hw.cuda_devices:
             raise ConfigError(
@@ -99,16 +101,19 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         device_type, backend = "cuda", "nccl"
     else:
         device_type, backend = "cpu", "gloo"
-        noun = "worker" if cfg.gpus == 1 else "workers"
-        notices.append(f"no CUDA device: running {cfg.gpus} CPU {noun} with gloo")
-    omp = cfg.launcher.omp_threads or max(1, hw.cpu_cores // cfg.gpus)
+        noun = "worker" if workers == 1 else "workers"
+        notices.append(f"no CUDA device: running {workers} CPU {noun} with gloo")
+    if workers != cfg.gpus:
+        devices = f"its {cfg.gpus} GPUs" if device_type == "cuda" else "the one CPU device (no GPU here)"
+        notices.append(f"trainer.strategy={cfg.trainer.strategy} runs 1 process per node driving {devices}")
+    omp = cfg.launcher.omp_threads or max(1, hw.cpu_cores // workers)
     start_method, why = choose_start_method(cfg, hw)
     return LaunchPlan(
         run_id=run_id,
         run_dir=run_dir,
         nodes=cfg.nodes,
-        workers_per_node=cfg.gpus,
-        world_size=cfg.nodes * cfg.gpus,  # with c10d, nodes may differ: summary.json has the real one
+        workers_per_node=workers,
+        world_size=cfg.nodes * workers,  # with c10d, nodes may differ: summary.json has the real one
         device_type=device_type,
         backend=backend,
         **rendezvous_fields(cfg, run_id, free_port),

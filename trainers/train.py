@@ -17,18 +17,19 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from launcher import heartbeat
 from trainers.checkpointing import Checkpointer, open_epoch
+from trainers.commshare import METHOD as COMM_SHARE_METHOD, measure_comm_share
 from trainers.data import build_dataset, build_loader
 from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
 from trainers.faults import maybe_fail
 from trainers.inject_hang import maybe_hang
 from trainers.loggers import build_loggers, run_dir_from_env
+from trainers.footprint import PeakMemory, state_bytes
 from trainers.models import build_model, param_checksum
 from trainers.stop import STOP
-from trainers.strategies import STRATEGIES
+from trainers.strategies import STRATEGIES, data_layout, train_step
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
 
@@ -52,14 +53,18 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     model = STRATEGIES[cfg.trainer.strategy](build_model(cfg.model), device, cfg)
     seed_everything(cfg.seed + env.rank)  # per-rank randomness from here on
     dataset = build_dataset(cfg)
-    loader, sampler = build_loader(dataset, cfg.data.batch_size, env.rank, env.world_size, cfg.seed)
+    layout = data_layout(cfg, env.rank, env.world_size, device)  # which shard, how many samples per step
+    loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer)
     start = checkpointer.resume(len(loader))
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
-    global_batch = cfg.data.batch_size * env.world_size
+    global_batch = layout.batch_size * layout.shard_count
+    memory = PeakMemory(device)
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, pid {os.getpid()}) "
           f"on {device}, {backend}, {len(sampler)} samples per epoch", flush=True)
+    if layout.note and env.rank == 0:
+        print(f"{cfg.trainer.strategy}: {layout.note}", flush=True)
     if cfg.data.record_shards and run_dir:
         _record_shard(run_dir, env.rank, list(iter(sampler)))
 
@@ -74,10 +79,10 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         for x, y in open_epoch(loader, skip, rng):
             t0 = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = train_step(model, x, y)  # forward + backward, as the strategy needs them
             optimizer.step()
+            memory.sample()
             step += 1
             batch_in_epoch += 1
             step_times.append(time.perf_counter() - t0)
@@ -112,6 +117,11 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     checksum = param_checksum(model)
     checksums: List[Optional[float]] = [None] * env.world_size
     dist.all_gather_object(checksums, checksum)
+    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes()}
+    footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
+    dist.all_gather_object(footprints, footprint)
+    # extra timed passes after the footprint (it clears gradients); none when nothing was trained
+    comm_share = measure_comm_share(model, x, y) if step_times else None
     steady = step_times[WARMUP_STEPS:] or step_times
     median = statistics.median(steady) if steady else None
     return {
@@ -133,7 +143,24 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "restart_count": env.restart_count,
         "resumed_from_step": start.resumed.position.step if start.resumed else None,
         "stopped_by": signal.Signals(STOP.signum).name if STOP.signum else None,
+        "comm_share": comm_share,
+        "comm_share_method": COMM_SHARE_METHOD if comm_share is not None else None,
+        **_strategy_figures(cfg, layout, footprints, global_batch / median if median else None, memory.kind),
     }
+
+
+def _strategy_figures(cfg: Any, layout: Any, footprints: List[Any], samples_per_s: Optional[float], memory_kind: str) -> Dict[str, Any]:
+    """Per-rank memory and state bytes, for comparing strategies (compare.json)."""
+    figures: Dict[str, Any] = {f"{key}_per_rank": [f[key] for f in footprints] for key in footprints[0]}
+    figures.update({
+        "peak_memory_kind": memory_kind,
+        "replica_groups": layout.replica_groups,
+        "strategy_note": layout.note or None,
+        "processes": len(footprints),
+    })
+    if cfg.model.name == "gpt" and samples_per_s:
+        figures["tokens_per_s"] = samples_per_s * cfg.model.seq_len
+    return figures
 
 
 def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
