@@ -18,6 +18,7 @@ STRATEGIES = ("ddp",)
 MODELS = ("mlp",)
 WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
+PROGRESS_STYLES = ("auto", "bar", "lines")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 _SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
 
@@ -44,6 +45,13 @@ class TrainerConfig:
     steps: int = 200  # optimizer steps to run
     lr: float = 1e-3  # AdamW learning rate
     log_every: int = 10  # write a metrics.jsonl line every N steps (and at the last step)
+
+
+@dataclass
+class MetricsConfig:
+    detailed: bool = True  # time data/forward/backward/optimizer/communication, memory, CPU; false = throughput only
+    straggler_fraction: float = 0.2  # name the slowest rank when its step time exceeds the median by this fraction
+    progress: str = "auto"  # rank 0's console: auto (a bar on a terminal, plain lines otherwise) | bar | lines
 
 
 @dataclass
@@ -87,6 +95,7 @@ class Config:
     rdzv: RendezvousConfig = field(default_factory=RendezvousConfig)
     launcher: LaunchSection = field(default_factory=LaunchSection)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
 
 
@@ -165,6 +174,9 @@ def validate(cfg: Config) -> None:
     _one_of(cfg.model.name, MODELS, "model.name")
     _one_of(cfg.wandb.mode, WANDB_MODES, "wandb.mode")
     _one_of(cfg.launcher.start_method, START_METHODS, "launcher.start_method")
+    _one_of(cfg.metrics.progress, PROGRESS_STYLES, "metrics.progress")
+    if cfg.metrics.straggler_fraction <= 0:
+        raise ConfigError(f"metrics.straggler_fraction={cfg.metrics.straggler_fraction} must be positive: try 0.2 (20% slower than the median)")
     world = cfg.nodes * cfg.gpus
     if cfg.data.batch_size * world > cfg.data.dataset_size:
         raise ConfigError(

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from trainers.data import build_dataset, build_loader
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.loggers import build_loggers, run_dir_from_env
+from trainers.metrics import StepMeter, attach_comm_timer, job_figures, window_metrics
 from trainers.models import build_model, param_checksum
 from trainers.strategies import STRATEGIES
 
@@ -46,7 +47,9 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     dataset = build_dataset(cfg)
     loader, sampler = build_loader(dataset, cfg.data.batch_size, env.rank, env.world_size, cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
-    loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
+    loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
+    comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
+    meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm)
     global_batch = cfg.data.batch_size * env.world_size
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}) on {device}, "
           f"{backend}, {len(sampler)} samples per epoch", flush=True)
@@ -60,31 +63,40 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         sampler.set_epoch(epoch)
         for x, y in loader:
             t0 = time.perf_counter()
+            meter.start(x, len(x))
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = F.cross_entropy(model(x), y)
+            meter.phase("forward")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            meter.phase("backward")
             optimizer.step()
+            meter.phase("optimizer")
             step += 1
             step_times.append(time.perf_counter() - t0)
+            meter.end(counted=step > WARMUP_STEPS)
             window_steps += 1
             if first_step_at is None:
                 first_step_at = time.time()
             if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
                 elapsed = time.perf_counter() - window_start
                 mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
-                loggers.log({
+                rows = meter.gather()
+                record = {
                     "step": step,
                     "epoch": epoch,
                     "loss": mean_loss,
                     "samples_per_s": global_batch * window_steps / elapsed,
                     "step_time_s": elapsed / window_steps,
-                })
+                }
+                if rows is not None:
+                    record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
+                loggers.log(record)
                 window_start, window_steps = time.perf_counter(), 0
             if step == cfg.trainer.steps:
                 break
         epoch += 1
-    loggers.close()
+    figures = job_figures(meter, step - WARMUP_STEPS if step > WARMUP_STEPS else step)
 
     final_loss = _mean_across_ranks(loss.detach(), env.world_size)
     checksum = param_checksum(model)
@@ -92,7 +104,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     dist.all_gather_object(checksums, checksum)
     steady = step_times[WARMUP_STEPS:] or step_times
     median = statistics.median(steady)
-    return {
+    result = {
         "rank": env.rank,
         "world_size": env.world_size,
         "backend": backend,
@@ -109,7 +121,13 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "param_checksums": checksums,
         "time_to_first_step_s": _since_launch(first_step_at),
         "restart_count": env.restart_count,
+        **figures,
     }
+    if meter.tokens and meter.samples:
+        result["tokens_per_s"] = result["samples_per_s"] * meter.tokens / meter.samples
+    loggers.log_summary(result)
+    loggers.close()
+    return result
 
 
 def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
