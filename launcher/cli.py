@@ -14,6 +14,7 @@ OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
+    "scale": "launcher.scale",
 }
 
 EPILOG = """\
