@@ -26,6 +26,7 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
     _merge_stderr_into_stdout()
+    _honour_omp_threads()
     try:
         return _run(spec)
     except SystemExit:
@@ -76,6 +77,14 @@ def _exec_as_main(script: str) -> None:
     main.__dict__.update(__file__=script, __builtins__=__builtins__, __spec__=None, __package__=None, __cached__=None)
     sys.modules["__main__"] = main
     exec(code, main.__dict__)
+
+
+def _honour_omp_threads() -> None:
+    """Forked workers inherit the agent's torch thread pool size (torch read OMP_NUM_THREADS before
+    the plan set it): user scripts otherwise ran 2 threads per worker on 2 cores, 10-100x slower ops."""
+    from trainers.dist import set_threads
+
+    set_threads()
 
 
 def _die_with_parent() -> None:

@@ -98,6 +98,8 @@ class StepMeter:
         self._mark = 0.0
         self.samples = 0
         self.tokens: Optional[int] = None
+        self.steady_from = self.steady_until = time.perf_counter()
+        self.steady_steps = 0
         self.flops = FlopCount(enabled=detailed and self._cuda)
         self._reset_window()
         if detailed:
@@ -132,9 +134,15 @@ class StepMeter:
 
     def end(self, counted: bool = True) -> None:
         """Close the step; counted=False leaves it out of the job totals (warm-up steps)."""
+        now = self._now() if self.detailed else time.perf_counter()
+        # Steady-state wall clock, everything included (data, metrics, logging): what bench/ compares.
+        if counted:
+            self.steady_steps += 1
+            self.steady_until = now
+        else:
+            self.steady_from, self.steady_steps = now, 0
         if not self.detailed:
             return
-        now = self._now()
         self._step["step"] = now - self._step_start
         self._step["comm"] = self.comm.take() if self.comm else 0.0
         for name, value in self._step.items():
@@ -204,10 +212,18 @@ def stragglers(step_times: List[float], fraction: float) -> Dict[str, Any]:
     return out
 
 
+def steady_wall_s(meter: StepMeter) -> Optional[float]:
+    """Seconds per step after warm-up by the wall clock, logging and metrics included."""
+    if meter.steady_steps == 0:
+        return None
+    return (meter.steady_until - meter.steady_from) / meter.steady_steps
+
+
 def job_figures(meter: StepMeter, counted_steps: int) -> Dict[str, Any]:
     """Job-wide figures over the steady-state steps for rank 0's result (a collective: call on all ranks)."""
+    wall = {"step_time_s_wall": steady_wall_s(meter)}
     if not meter.detailed:
-        return {"metrics_note": "metrics.detailed=false: phase times, memory and CPU were not measured"}
+        return {**wall, "metrics_note": "metrics.detailed=false: phase times, memory and CPU were not measured"}
     rows = meter.gather()
     assert rows is not None
     n = max(1, counted_steps)
@@ -219,4 +235,4 @@ def job_figures(meter: StepMeter, counted_steps: int) -> Dict[str, Any]:
     if meter.device.type == "cuda":
         out["cuda_peak_mb"] = float(rows[:, GATHERED.index("cuda_peak_mb")].max())
     out.update(mfu_figures(meter.flops, float(means[0]), meter.device))
-    return out
+    return {**wall, **out}
