@@ -18,6 +18,7 @@ COMMANDS: Dict[str, str] = {
     "compare": "launcher.compare",
     "doctor": "launcher.doctor",
     "resume": "launcher.resume",
+    "scale": "launcher.scale",
 }
 
 EPILOG = """\

@@ -19,6 +19,7 @@ MODELS = ("mlp", "gpt", "cnn")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
+PROGRESS_STYLES = ("auto", "bar", "lines")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 _SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
 
@@ -67,6 +68,13 @@ class CheckpointConfig:
     keep: int = 3  # keep the newest K checkpoints
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     grace_s: float = 8.0  # after Ctrl-C/SIGTERM, how long workers get to checkpoint before being killed
+
+
+@dataclass
+class MetricsConfig:
+    detailed: bool = True  # time data/forward/backward/optimizer/communication, memory, CPU; false = throughput only
+    straggler_fraction: float = 0.2  # name the slowest rank when its step time exceeds the median by this fraction
+    progress: str = "auto"  # rank 0's console: auto (a bar on a terminal, plain lines otherwise) | bar | lines
 
 
 @dataclass
@@ -127,6 +135,7 @@ class Config:
     launcher: LaunchSection = field(default_factory=LaunchSection)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
 
 
@@ -217,6 +226,9 @@ def validate(cfg: Config) -> None:
     _one_of(cfg.model.name, MODELS, "model.name")
     _one_of(cfg.wandb.mode, WANDB_MODES, "wandb.mode")
     _one_of(cfg.launcher.start_method, START_METHODS, "launcher.start_method")
+    _one_of(cfg.metrics.progress, PROGRESS_STYLES, "metrics.progress")
+    if cfg.metrics.straggler_fraction <= 0:
+        raise ConfigError(f"metrics.straggler_fraction={cfg.metrics.straggler_fraction} must be positive: try 0.2 (20% slower than the median)")
     world = cfg.nodes * cfg.gpus
     if cfg.data.batch_size * world > cfg.data.dataset_size:
         raise ConfigError(

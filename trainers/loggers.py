@@ -10,17 +10,26 @@ import json
 import os
 import sys
 from pathlib import Path
+import time
 from typing import Any, Dict, List, Optional, Protocol
+
+from trainers.progress import ProgressBar, eta_seconds, format_eta, use_bar
+from trainers.wandb_logger import WandbLogger, wandb_enabled
 
 
 class MetricsLogger(Protocol):
     def log(self, metrics: Dict[str, Any]) -> None: ...
+
+    def log_summary(self, summary: Dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
 
 
 class NullLogger:
     def log(self, metrics: Dict[str, Any]) -> None:
+        pass
+
+    def log_summary(self, summary: Dict[str, Any]) -> None:
         pass
 
     def close(self) -> None:
@@ -38,6 +47,9 @@ class JsonlLogger:
         self._file.write(json.dumps(metrics) + "\n")
         self._file.flush()
 
+    def log_summary(self, summary: Dict[str, Any]) -> None:
+        pass  # the launcher writes summary.json from rank 0's result
+
     def close(self) -> None:
         self._file.close()
 
@@ -47,14 +59,23 @@ class ConsoleLogger:
 
     def __init__(self, total_steps: int) -> None:
         self._total = total_steps
+        self._started = time.monotonic()
 
     def log(self, metrics: Dict[str, Any]) -> None:
+        eta = eta_seconds(metrics["step"], self._total, self._started)
+        straggler = metrics.get("straggler_rank")
         print(
             f"step {metrics['step']}/{self._total} loss {metrics['loss']:.4f} "
-            f"{metrics['samples_per_s']:.0f} samples/s {metrics['step_time_s'] * 1000:.1f} ms/step",
+            f"{metrics['samples_per_s']:.0f} samples/s {metrics['step_time_s'] * 1000:.1f} ms/step"
+            + (f" comm {metrics['comm_share']:.0%}" if "comm_share" in metrics else "")
+            + (f" straggler: rank {straggler} ({metrics['slowest_rank_lag']:.0%} slower)" if straggler is not None else "")
+            + f" ETA {format_eta(eta)}",
             file=sys.stdout,
             flush=True,
         )
+
+    def log_summary(self, summary: Dict[str, Any]) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -68,17 +89,27 @@ class LoggerGroup:
         for logger in self._loggers:
             logger.log(metrics)
 
+    def log_summary(self, summary: Dict[str, Any]) -> None:
+        for logger in self._loggers:
+            logger.log_summary(summary)
+
     def close(self) -> None:
         for logger in self._loggers:
             logger.close()
 
 
-def build_loggers(rank: int, run_dir: Optional[str], total_steps: int) -> MetricsLogger:
+def build_loggers(rank: int, run_dir: Optional[str], total_steps: int, cfg: Any = None) -> MetricsLogger:
+    """Rank 0 gets the console (bar or lines), metrics.jsonl and W&B (unless disabled); others nothing."""
     if rank != 0:
         return NullLogger()
-    loggers: List[MetricsLogger] = [ConsoleLogger(total_steps)]
+    style = cfg.metrics.progress if cfg is not None else "lines"
+    loggers: List[MetricsLogger] = [ProgressBar(total_steps) if use_bar(style) else ConsoleLogger(total_steps)]
     if run_dir:
         loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl"))
+    if cfg is not None and wandb_enabled(cfg.wandb):
+        from launcher.config import redact, to_dict
+
+        loggers.append(WandbLogger(cfg.wandb, redact(to_dict(cfg)), run_dir))
     return LoggerGroup(loggers)
 
 

@@ -20,13 +20,13 @@ import torch.distributed as dist
 
 from launcher import heartbeat
 from trainers.checkpointing import Checkpointer, open_epoch
-from trainers.commshare import METHOD as COMM_SHARE_METHOD, measure_comm_share
 from trainers.data import build_dataset, build_loader
 from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
 from trainers.faults import maybe_fail
 from trainers.inject_hang import maybe_hang
 from trainers.loggers import build_loggers, run_dir_from_env
 from trainers.footprint import PeakMemory, state_bytes
+from trainers.metrics import StepMeter, attach_comm_timer, job_figures, window_metrics
 from trainers.models import build_model, param_checksum
 from trainers.stop import STOP
 from trainers.strategies import STRATEGIES, data_layout, train_step
@@ -58,7 +58,9 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer)
     start = checkpointer.resume(len(loader))
-    loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
+    loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
+    comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
+    meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm)
     global_batch = layout.batch_size * layout.shard_count
     memory = PeakMemory(device)
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, pid {os.getpid()}) "
@@ -78,14 +80,17 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         batch_in_epoch = skip
         for x, y in open_epoch(loader, skip, rng):
             t0 = time.perf_counter()
+            meter.start(x, len(x))
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
-            loss = train_step(model, x, y)  # forward + backward, as the strategy needs them
+            loss = train_step(model, x, y, meter)  # forward + backward, as the strategy needs them
             optimizer.step()
+            meter.phase("optimizer")
             memory.sample()
             step += 1
             batch_in_epoch += 1
             step_times.append(time.perf_counter() - t0)
+            meter.end(counted=step > WARMUP_STEPS)
             maybe_fail(env.rank, step, env.restart_count)
             window_steps += 1
             if first_step_at is None:
@@ -93,13 +98,17 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
             if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
                 elapsed = time.perf_counter() - window_start
                 mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
-                loggers.log({
+                rows = meter.gather()
+                record = {
                     "step": step,
                     "epoch": epoch,
                     "loss": mean_loss,
                     "samples_per_s": global_batch * window_steps / elapsed,
                     "step_time_s": elapsed / window_steps,
-                })
+                }
+                if rows is not None:
+                    record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
+                loggers.log(record)
                 window_start, window_steps = time.perf_counter(), 0
             heartbeat()
             maybe_hang(env.rank, step)
@@ -108,7 +117,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
             if step == cfg.trainer.steps or stop:
                 break
         epoch, skip, rng = epoch + 1, 0, None
-    loggers.close()
+    figures = job_figures(meter, step - WARMUP_STEPS if step > WARMUP_STEPS else step)
 
     if step_times or start.resumed is None:
         final_loss = _mean_across_ranks(loss.detach(), env.world_size)
@@ -120,11 +129,9 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes()}
     footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
     dist.all_gather_object(footprints, footprint)
-    # extra timed passes after the footprint (it clears gradients); none when nothing was trained
-    comm_share = measure_comm_share(model, x, y) if step_times else None
     steady = step_times[WARMUP_STEPS:] or step_times
     median = statistics.median(steady) if steady else None
-    return {
+    result = {
         "rank": env.rank,
         "world_size": env.world_size,
         "backend": backend,
@@ -143,10 +150,12 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "restart_count": env.restart_count,
         "resumed_from_step": start.resumed.position.step if start.resumed else None,
         "stopped_by": signal.Signals(STOP.signum).name if STOP.signum else None,
-        "comm_share": comm_share,
-        "comm_share_method": COMM_SHARE_METHOD if comm_share is not None else None,
         **_strategy_figures(cfg, layout, footprints, global_batch / median if median else None, memory.kind),
+        **figures,
     }
+    loggers.log_summary(result)
+    loggers.close()
+    return result
 
 
 def _strategy_figures(cfg: Any, layout: Any, footprints: List[Any], samples_per_s: Optional[float], memory_kind: str) -> Dict[str, Any]:

@@ -1,0 +1,118 @@
+"""Scaling figures from a sweep's run summaries, and their renderings: JSON rows, Markdown, a plot, a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+COLUMNS = ("world_size", "nodes", "gpus_per_node", "batch_per_worker", "global_batch", "samples_per_s",
+           "step_time_s_median", "speedup", "scaling_efficiency", "comm_share", "peak_memory_mb")
+
+
+def scaling_efficiency(throughput: float, workers: int, base_throughput: float, base_workers: int) -> float:
+    """throughput_N / (N/N0 x throughput_N0): 1.0 is perfect; with N0 = 1 it is throughput_N / (N x throughput_1)."""
+    ideal = base_throughput * workers / base_workers
+    return throughput / ideal if ideal > 0 else 0.0
+
+
+def scaling_rows(points: Sequence[Any], summaries: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per size, efficiency and speedup against the smallest size in the sweep."""
+    pairs = sorted(zip(points, summaries), key=lambda ps: ps[0].world_size)
+    base_point, base = pairs[0]
+    base_tput = float(base.get("samples_per_s") or 0.0)
+    rows = []
+    for point, summary in pairs:
+        tput = float(summary.get("samples_per_s") or 0.0)
+        memory, kind = _peak_memory(summary)
+        rows.append({
+            "world_size": point.world_size, "nodes": point.nodes, "gpus_per_node": point.gpus,
+            "batch_per_worker": point.batch_size, "global_batch": point.batch_size * point.world_size,
+            "samples_per_s": tput, "step_time_s_median": summary.get("step_time_s_median"),
+            "speedup": tput / base_tput if base_tput > 0 else 0.0,
+            "scaling_efficiency": scaling_efficiency(tput, point.world_size, base_tput, base_point.world_size),
+            "comm_share": summary.get("comm_share"), "peak_memory_mb": memory, "peak_memory_kind": kind,
+            "tokens_per_s": summary.get("tokens_per_s"), "run_id": summary.get("run_id"),
+        })
+    return rows
+
+
+def _peak_memory(summary: Dict[str, Any]) -> tuple:
+    if summary.get("cuda_peak_mb") is not None:
+        return summary["cuda_peak_mb"], "cuda_max_allocated"
+    return summary.get("rss_peak_mb"), "process_rss"
+
+
+def _fmt(value: Any, column: str) -> str:
+    if value is None:
+        return "-"
+    if column in ("scaling_efficiency", "comm_share"):
+        return f"{100 * value:.0f}%"
+    if column == "speedup":
+        return f"{value:.2f}x"
+    if column == "step_time_s_median":
+        return f"{1000 * value:.2f} ms"
+    if isinstance(value, float):
+        return f"{value:,.0f}"
+    return str(value)
+
+
+HEADERS = {"world_size": "workers", "nodes": "nodes", "gpus_per_node": "per node", "batch_per_worker": "batch/worker",
+           "global_batch": "global batch", "samples_per_s": "samples/s", "step_time_s_median": "step time",
+           "speedup": "speedup", "scaling_efficiency": "efficiency", "comm_share": "comm share",
+           "peak_memory_mb": "peak MB"}
+
+
+def render_markdown(result: Dict[str, Any]) -> str:
+    lines = [f"# Scaling sweep ({result['mode']} scaling, {result.get('device_type')})", ""]
+    if result.get("notice"):
+        lines += [f"> {result['notice']}", ""]
+    lines.append("| " + " | ".join(HEADERS[c] for c in COLUMNS) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for row in result["sizes"]:
+        lines.append("| " + " | ".join(_fmt(row.get(c), c) for c in COLUMNS) + " |")
+    lines += ["", "Efficiency = throughput_N / (N / N0 x throughput_N0) against the smallest size N0; "
+              "peak memory is CUDA max allocated on GPU, process RSS on CPU.", ""]
+    return "\n".join(lines)
+
+
+def print_table(result: Dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"scaling ({result['mode']})")
+    for column in COLUMNS:
+        table.add_column(HEADERS[column], justify="right")
+    for row in result["sizes"]:
+        table.add_row(*(_fmt(row.get(c), c) for c in COLUMNS))
+    Console(width=160).print(table)
+
+
+def render_plot(rows: List[Dict[str, Any]], path: Path, mode: str) -> None:
+    """Throughput and efficiency against workers, each with its ideal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    workers = [r["world_size"] for r in rows]
+    tput = [r["samples_per_s"] for r in rows]
+    base_w, base_t = workers[0], tput[0]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(workers, tput, "o-", label="measured")
+    ax1.plot(workers, [base_t * w / base_w for w in workers], "--", color="gray", label="ideal (linear)")
+    ax1.set(xlabel="workers", ylabel="samples/s", title=f"throughput ({mode} scaling)")
+    ax2.plot(workers, [100 * r["scaling_efficiency"] for r in rows], "o-", label="measured")
+    ax2.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
+    ax2.set(xlabel="workers", ylabel="efficiency %", title="scaling efficiency", ylim=(0, max(110, *(100 * r["scaling_efficiency"] + 10 for r in rows))))
+    for ax in (ax1, ax2):
+        ax.set_xticks(workers)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def optional_float(value: Any) -> Optional[float]:
+    return None if value is None else float(value)

@@ -1,0 +1,101 @@
+"""Pure units of the metrics, MFU, progress and scaling-report logic."""
+
+import json
+
+import pytest
+import torch
+
+from launcher.errors import ConfigError
+from launcher.scale import build_points, capacity_notice, parse_sizes
+from launcher.scale_report import render_markdown, render_plot, scaling_efficiency, scaling_rows
+from trainers.metrics import count_tokens, stragglers
+from trainers.mfu import mfu_figures, mfu_percent, peak_flops, FlopCount
+from trainers.progress import eta_seconds, format_eta
+from trainers.wandb_logger import RUN_ID_FILE, read_or_create_run_id
+
+
+def test_scaling_efficiency_is_throughput_over_n_times_base():
+    assert scaling_efficiency(1800.0, 2, 1000.0, 1) == pytest.approx(0.9)
+    assert scaling_efficiency(4000.0, 4, 1000.0, 1) == pytest.approx(1.0)
+    assert scaling_efficiency(1500.0, 4, 1000.0, 2) == pytest.approx(0.75)  # base is the smallest size
+
+
+def test_strong_scaling_keeps_the_global_batch_and_weak_keeps_the_per_worker_batch():
+    strong = build_points([1, 2, 4], [1], "strong", 32)
+    assert [(p.world_size, p.batch_size) for p in strong] == [(1, 32), (2, 16), (4, 8)]
+    weak = build_points([1, 2, 4], [1], "weak", 32)
+    assert [(p.world_size, p.batch_size) for p in weak] == [(1, 32), (2, 32), (4, 32)]
+    with pytest.raises(ConfigError, match="cannot split evenly"):
+        build_points([1, 3], [1], "strong", 32)
+    with pytest.raises(ConfigError, match="multi-node sweeps"):
+        build_points([1, 2], [1, 2], "weak", 32)
+    with pytest.raises(ConfigError, match="--gpus 1,2,4"):
+        parse_sizes("one,two", "--gpus")
+
+
+def test_scaling_rows_report_and_plot(tmp_path):
+    points = build_points([1, 2], [1], "weak", 8)
+    summaries = [{"samples_per_s": 1000.0, "step_time_s_median": 0.008, "comm_share": 0.0, "rss_peak_mb": 300.0},
+                 {"samples_per_s": 1500.0, "step_time_s_median": 0.011, "comm_share": 0.4, "rss_peak_mb": 310.0}]
+    rows = scaling_rows(points, summaries)
+    assert [r["scaling_efficiency"] for r in rows] == pytest.approx([1.0, 0.75])
+    assert [r["speedup"] for r in rows] == pytest.approx([1.0, 1.5])
+    assert rows[1]["peak_memory_mb"] == 310.0 and rows[1]["peak_memory_kind"] == "process_rss"
+    md = render_markdown({"mode": "weak", "device_type": "cpu", "notice": "note: x", "sizes": rows})
+    assert "| 2 | 1 | 2 | 8 | 16 | 1,500 | 11.00 ms | 1.50x | 75% | 40% | 310 |" in md and "> note: x" in md
+    render_plot(rows, tmp_path / "scale.png", "weak")
+    assert (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
+    json.dumps(rows)  # scale.json must be plain JSON
+
+
+def test_capacity_notice_says_when_the_machine_cannot_show_scaling():
+    assert "share cores" in capacity_notice(4, cores=2, cuda_devices=0)
+    assert "overhead, not scaling" in capacity_notice(2, cores=2, cuda_devices=0)
+    assert capacity_notice(4, cores=2, cuda_devices=4) is None
+
+
+def test_stragglers_name_the_slowest_rank_only_past_the_fraction():
+    out = stragglers([0.10, 0.10, 0.10, 0.15], 0.2)
+    assert out["slowest_rank"] == 3 and out["straggler_rank"] == 3
+    assert out["step_time_spread"] == pytest.approx(0.5)
+    assert stragglers([0.10, 0.10, 0.11, 0.10], 0.2)["straggler_rank"] is None
+
+
+def test_mfu_is_never_outside_0_to_100_and_unknown_peaks_are_explained():
+    assert mfu_percent(1e12, 1.0, 4e12) == pytest.approx(25.0)
+    assert mfu_percent(5e12, 1.0, 4e12) is None  # would be 125%
+    assert mfu_percent(0, 1.0, 4e12) is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4e12)
+    assert peak_flops("NVIDIA H100 PCIe", "bf16") == pytest.approx(756e12)
+    assert peak_flops("Some Future GPU", "bf16") is None
+    assert "CUDA devices only" in mfu_figures(FlopCount(enabled=False), 0.1, torch.device("cpu"))["mfu_note"]
+
+
+def test_tokens_are_counted_for_token_id_inputs_only():
+    assert count_tokens(torch.zeros(4, 128, dtype=torch.long)) == 512
+    assert count_tokens(torch.zeros(4, 32)) is None
+
+
+def test_eta():
+    assert eta_seconds(10, 100, started=0.0, now=5.0) == pytest.approx(45.0)
+    assert eta_seconds(0, 100, started=0.0, now=5.0) is None
+    assert format_eta(45.0) == "0:45" and format_eta(3725) == "1:02:05" and format_eta(None) == "?"
+
+
+def test_wandb_run_id_is_created_once_and_reused(tmp_path):
+    first = read_or_create_run_id(tmp_path)
+    assert (tmp_path / RUN_ID_FILE).read_text().strip() == first
+    assert read_or_create_run_id(tmp_path) == first
+
+
+@pytest.mark.gpu
+def test_mfu_on_gpu_is_a_percentage():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    count = FlopCount(enabled=True)
+    model = torch.nn.Linear(1024, 1024).cuda()
+    count.begin()
+    model(torch.randn(256, 1024, device="cuda")).sum().backward()
+    count.finish()
+    figures = mfu_figures(count, 0.01, torch.device("cuda"))
+    assert "mfu_note" in figures or 0 <= figures["mfu_percent"] <= 100

@@ -1,0 +1,54 @@
+"""Rank 0's console: a live progress bar on a terminal, plain periodic lines otherwise (CI logs)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Dict, Optional
+
+
+def use_bar(style: str) -> bool:
+    """metrics.progress: 'bar', 'lines', or 'auto' (a bar only when stdout is a terminal)."""
+    if style == "auto":
+        return sys.stdout.isatty()
+    return style == "bar"
+
+
+def eta_seconds(step: int, total: int, started: float, now: Optional[float] = None) -> Optional[float]:
+    """Remaining time at the average pace so far; None before the first step."""
+    elapsed = (now if now is not None else time.monotonic()) - started
+    if step <= 0 or elapsed <= 0:
+        return None
+    return max(0.0, (total - step) * elapsed / step)
+
+
+def format_eta(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class ProgressBar:
+    """A rich progress bar: step, loss, samples/s and ETA, redrawn at each logged step."""
+
+    def __init__(self, total_steps: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[stats]}"),
+            TextColumn("ETA"), TimeRemainingColumn(), transient=False,
+        )
+        self._task = self._progress.add_task("train", total=total_steps, stats="")
+        self._progress.start()
+
+    def log(self, metrics: Dict[str, Any]) -> None:
+        stats = f"loss {metrics['loss']:.4f} {metrics['samples_per_s']:.0f} samples/s"
+        self._progress.update(self._task, completed=metrics["step"], stats=stats)
+
+    def log_summary(self, summary: Dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        self._progress.stop()
