@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Iterator, Tuple
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -54,8 +54,22 @@ def build_dataset(cfg: Any) -> TensorDataset:
     return teacher_dataset(cfg.data.dataset_size, m.in_dim, m.classes, cfg.seed)
 
 
-def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int, seed: int) -> Tuple[DataLoader, DistributedSampler]:
-    """Each rank reads a disjoint shard; drop_last keeps every rank at the same step count."""
+def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int, seed: int,
+                 num_workers: int = 0, pin_memory: bool = False) -> Tuple[DataLoader, DistributedSampler]:
+    """Each rank reads a disjoint shard; drop_last keeps every rank at the same step count.
+
+    Loader processes stay alive across epochs (persistent_workers): restarting them costs more
+    than an epoch of this in-memory data.
+    """
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=num_workers,
+                        pin_memory=pin_memory, persistent_workers=num_workers > 0)
     return loader, sampler
+
+
+def endless_batches(loader: DataLoader, sampler: DistributedSampler, epochs: list) -> Iterator[Any]:
+    """Batches across epoch boundaries (accumulation may straddle one); epochs[0] is the current epoch."""
+    while True:
+        sampler.set_epoch(epochs[0])
+        yield from loader
+        epochs[0] += 1

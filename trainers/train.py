@@ -17,12 +17,18 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from trainers.data import build_dataset, build_loader
+from trainers.autobatch import activation_bytes, resolve_auto_batch
+from trainers.data import build_dataset, build_loader, endless_batches
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.loggers import build_loggers, run_dir_from_env
 from trainers.footprint import PeakMemory, state_bytes
+from trainers.features_report import FeatureTimes, feature_summary, loader_settings
+from trainers.memory import OutOfMemory, memory_stats, oom_message
+from trainers.precision import Precision, resolve_precision
+from trainers.stepping import optimizer_step
+from trainers.transforms import prepare_model
 from trainers.models import build_model, param_checksum
-from trainers.strategies import STRATEGIES, data_layout, train_step
+from trainers.strategies import STRATEGIES, data_layout
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
 
@@ -41,14 +47,18 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
 
 def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str) -> Dict[str, Any]:
     seed_everything(cfg.seed)  # the same initial weights on every rank
-    model = STRATEGIES[cfg.trainer.strategy](build_model(cfg.model), device, cfg)
+    model = STRATEGIES[cfg.trainer.strategy](prepare_model(build_model(cfg.model), cfg.trainer), device, cfg)
     seed_everything(cfg.seed + env.rank)  # per-rank randomness from here on
     dataset = build_dataset(cfg)
+    precision = Precision(resolve_precision(cfg.trainer.precision, device), device, cfg.trainer.strategy)
+    auto = resolve_auto_batch(model, dataset, cfg, env, device, precision) if cfg.data.batch_size == "auto" else {}
     layout = data_layout(cfg, env.rank, env.world_size, device)  # which shard, how many samples per step
-    loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed)
+    loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed,
+                                   **loader_settings(cfg, device, env.rank))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps)
-    global_batch = layout.batch_size * layout.shard_count
+    accum = cfg.trainer.grad_accum_steps
+    global_batch = layout.batch_size * layout.shard_count * accum  # the effective batch of one optimizer step
     memory = PeakMemory(device)
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}) on {device}, "
           f"{backend}, {len(sampler)} samples per epoch", flush=True)
@@ -57,44 +67,46 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     if cfg.data.record_shards and run_dir:
         _record_shard(run_dir, env.rank, list(iter(sampler)))
 
-    step, epoch, first_step_at = 0, 0, None
+    step, epochs, first_step_at = 0, [0], None
     step_times: List[float] = []
+    times = FeatureTimes()
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
+    batches = endless_batches(loader, sampler, epochs)
     while step < cfg.trainer.steps:
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            t0 = time.perf_counter()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = train_step(model, x, y)  # forward + backward, as the strategy needs them
-            optimizer.step()
-            memory.sample()
-            step += 1
-            step_times.append(time.perf_counter() - t0)
-            window_steps += 1
-            if first_step_at is None:
-                first_step_at = time.time()
-            if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
-                elapsed = time.perf_counter() - window_start
-                mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
-                loggers.log({
-                    "step": step,
-                    "epoch": epoch,
-                    "loss": mean_loss,
-                    "samples_per_s": global_batch * window_steps / elapsed,
-                    "step_time_s": elapsed / window_steps,
-                })
-                window_start, window_steps = time.perf_counter(), 0
-            if step == cfg.trainer.steps:
-                break
-        epoch += 1
+        t0 = time.perf_counter()
+        try:  # micro-batches, forward + backward as the strategy needs them, clipping, optimizer step
+            result = optimizer_step(model, optimizer, batches, device, precision, accum, cfg.trainer.max_grad_norm)
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(oom_message(env.rank, device, step + 1, cfg)) from e
+        loss = result.loss
+        memory.sample()
+        step += 1
+        step_times.append(time.perf_counter() - t0)
+        times.add(result)
+        window_steps += 1
+        if first_step_at is None:
+            first_step_at = time.time()
+        if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
+            elapsed = time.perf_counter() - window_start
+            mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
+            loggers.log({
+                "step": step,
+                "epoch": epochs[0],
+                "loss": mean_loss,
+                "samples_per_s": global_batch * window_steps / elapsed,
+                "step_time_s": elapsed / window_steps,
+                **times.window(window_steps, precision), **memory_stats(device),
+            })
+            window_start, window_steps = time.perf_counter(), 0
+    epoch = epochs[0]
     loggers.close()
 
     final_loss = _mean_across_ranks(loss.detach(), env.world_size)
     checksum = param_checksum(model)
     checksums: List[Optional[float]] = [None] * env.world_size
     dist.all_gather_object(checksums, checksum)
-    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes()}
+    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes(), **memory_stats(device),
+                 "activation_bytes": activation_bytes(model, dataset, layout.batch_size, device, precision)}
     footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
     dist.all_gather_object(footprints, footprint)
     steady = step_times[WARMUP_STEPS:] or step_times
@@ -117,6 +129,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "time_to_first_step_s": _since_launch(first_step_at),
         "restart_count": env.restart_count,
         **_strategy_figures(cfg, layout, footprints, global_batch / median, memory.kind),
+        **feature_summary(cfg, layout, precision, times, step_times, median), **auto,
     }
 
 
