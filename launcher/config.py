@@ -188,10 +188,12 @@ def validate(cfg: Config) -> None:
     _one_of(cfg.wandb.mode, WANDB_MODES, "wandb.mode")
     _one_of(cfg.launcher.start_method, START_METHODS, "launcher.start_method")
     world = cfg.nodes * cfg.gpus
-    if not auto_batch and cfg.data.batch_size * world > cfg.data.dataset_size:
+    accum = cfg.trainer.grad_accum_steps  # an optimizer step takes this many batches from one epoch
+    if not auto_batch and cfg.data.batch_size * world * max(1, accum) > cfg.data.dataset_size:
+        steps = f" x {accum} accumulation steps" if accum > 1 else ""
         raise ConfigError(
             f"data.dataset_size={cfg.data.dataset_size} is smaller than one global batch "
-            f"({cfg.data.batch_size} x {world} workers): raise data.dataset_size or lower data.batch_size"
+            f"({cfg.data.batch_size} x {world} workers{steps}): raise data.dataset_size or lower data.batch_size"
         )
     if cfg.script.path is not None and not cfg.script.module:
         _check_script(cfg.script.path)

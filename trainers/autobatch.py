@@ -26,7 +26,8 @@ def resolve_auto_batch(model: nn.Module, dataset: Any, cfg: Any, env: Any, devic
         return data_layout(cfg, env.rank, env.world_size, device)
 
     one = per_process(1)
-    largest = max(1, (len(dataset) // one.shard_count) // one.batch_size)
+    # an optimizer step must fit in one epoch of this rank's shard: grad_accum_steps batches of it
+    largest = max(1, (len(dataset) // one.shard_count) // one.batch_size // cfg.trainer.grad_accum_steps)
     cap = int(cfg.data.max_memory_gb * GIB) if cfg.data.max_memory_gb > 0 else default_cap_bytes(device, env.local_world_size)
     x_all, y_all = dataset.tensors
 
@@ -37,8 +38,8 @@ def resolve_auto_batch(model: nn.Module, dataset: Any, cfg: Any, env: Any, devic
 
     found = find_batch_size(trial, cap, largest)
     if found["batch_size"] < 1:
-        raise MemoryError(f"data.batch_size=auto: not even a batch of 1 fits in {cap / GIB:.2f} GiB "
-                          f"(it needs {found['tried'][1] / GIB:.2f} GiB): raise data.max_memory_gb, "
+        raise MemoryError(f"data.batch_size=auto: not even a batch of 1 fits in {cap / 2**20:.1f} MiB "
+                          f"(it needs {found['tried'][1] / 2**20:.1f} MiB): raise data.max_memory_gb, "
                           "or set trainer.activation_checkpointing=true or trainer.strategy=fsdp")
     cfg.data.batch_size = found["batch_size"]
     if env.rank == 0:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Tuple
+import time
+from typing import Any, Iterator, List, Tuple
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -67,9 +68,17 @@ def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int,
     return loader, sampler
 
 
-def endless_batches(loader: DataLoader, sampler: DistributedSampler, epochs: list) -> Iterator[Any]:
-    """Batches across epoch boundaries (accumulation may straddle one); epochs[0] is the current epoch."""
+def grouped_batches(loader: DataLoader, size: int) -> Iterator[List[Any]]:
+    """The loader's batches in groups of ``size`` (one optimizer step's micro-batches), each batch
+    with the seconds the loop waited for it; a partial group at the end of the epoch is dropped."""
+    group: List[Any] = []
+    batches = iter(loader)
     while True:
-        sampler.set_epoch(epochs[0])
-        yield from loader
-        epochs[0] += 1
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            return
+        group.append((batch, time.perf_counter() - t0))
+        if len(group) == size:
+            yield group
+            group = []

@@ -12,7 +12,7 @@ is a lower bound of the true peak; ``data.max_memory_gb`` caps that estimate.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -40,9 +40,10 @@ def memory_stats(device: torch.device) -> Dict[str, int]:
     return stats
 
 
-def oom_message(rank: int, device: torch.device, step: int, cfg: Any) -> str:
+def oom_message(rank: int, device: torch.device, step: Optional[int], cfg: Any) -> str:
     """One line: the rank, its memory when it failed, and the switches that lower memory."""
-    where = f"rank {rank} ran out of {device.type.upper()} memory on {device} at step {step}"
+    when = f"at step {step}" if step is not None else "before training (model or batch_size=auto)"
+    where = f"rank {rank} ran out of {device.type.upper()} memory on {device} {when}"
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         held = (f"{torch.cuda.memory_allocated(device) / GIB:.2f} GiB allocated, "

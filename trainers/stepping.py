@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -50,23 +50,17 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
-def next_batch(batches: Iterator[Batch], device: torch.device) -> Tuple[Batch, float]:
-    """The next batch on the device, and how long the loop waited for it (loading plus copy)."""
-    t0 = time.perf_counter()
-    x, y = next(batches)
-    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
-    return (x, y), time.perf_counter() - t0
-
-
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[Batch], device: torch.device,
-                   precision: Precision, accum_steps: int, max_grad_norm: float) -> StepResult:
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: List[Tuple[Batch, float]],
+                   device: torch.device, precision: Precision, max_grad_norm: float) -> StepResult:
+    """``micro_batches``: (batch, seconds waited for it) pairs from trainers.data.grouped_batches."""
     optimizer.zero_grad(set_to_none=True)
     losses: List[torch.Tensor] = []
-    wait, out_dtype = 0.0, None
-    for micro in range(accum_steps):
-        (x, y), waited = next_batch(batches, device)
-        wait += waited
-        with gradient_sync(model, micro == accum_steps - 1):
+    wait, out_dtype, count = 0.0, None, len(micro_batches)
+    for micro, ((x, y), waited) in enumerate(micro_batches):
+        t0 = time.perf_counter()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
+        wait += waited + time.perf_counter() - t0
+        with gradient_sync(model, micro == count - 1):
             if hasattr(model, "train_step"):  # pipeline: its schedule runs forward and backward
                 with precision.autocast():
                     losses.append(model.train_step(x, y))
@@ -75,7 +69,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: 
                 out = model(x)
                 loss = loss_fn(out, y)
             out_dtype = out.dtype
-            precision.backward(loss / accum_steps)
+            precision.backward(loss / count)
             losses.append(loss.detach())
     precision.unscale(optimizer)
     norm = clip_grad_norm(model, max_grad_norm)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainers.autobatch import activation_bytes, resolve_auto_batch
-from trainers.data import build_dataset, build_loader, endless_batches
+from trainers.data import build_dataset, build_loader, grouped_batches
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.loggers import build_loggers, run_dir_from_env
 from trainers.footprint import PeakMemory, state_bytes
@@ -41,6 +41,8 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     backend = init_process_group(env, device)
     try:
         return _train(cfg, run_dir, env, device, backend)
+    except torch.OutOfMemoryError as e:  # outside the loop (model, auto batch); the loop names its step
+        raise OutOfMemory(oom_message(env.rank, device, None, cfg)) from e
     finally:
         dist.destroy_process_group()
 
@@ -67,38 +69,41 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     if cfg.data.record_shards and run_dir:
         _record_shard(run_dir, env.rank, list(iter(sampler)))
 
-    step, epochs, first_step_at = 0, [0], None
+    step, epoch, first_step_at = 0, 0, None
     step_times: List[float] = []
     times = FeatureTimes()
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
-    batches = endless_batches(loader, sampler, epochs)
     while step < cfg.trainer.steps:
-        t0 = time.perf_counter()
-        try:  # micro-batches, forward + backward as the strategy needs them, clipping, optimizer step
-            result = optimizer_step(model, optimizer, batches, device, precision, accum, cfg.trainer.max_grad_norm)
-        except torch.OutOfMemoryError as e:
-            raise OutOfMemory(oom_message(env.rank, device, step + 1, cfg)) from e
-        loss = result.loss
-        memory.sample()
-        step += 1
-        step_times.append(time.perf_counter() - t0)
-        times.add(result)
-        window_steps += 1
-        if first_step_at is None:
-            first_step_at = time.time()
-        if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
-            elapsed = time.perf_counter() - window_start
-            mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
-            loggers.log({
-                "step": step,
-                "epoch": epochs[0],
-                "loss": mean_loss,
-                "samples_per_s": global_batch * window_steps / elapsed,
-                "step_time_s": elapsed / window_steps,
-                **times.window(window_steps, precision), **memory_stats(device),
-            })
-            window_start, window_steps = time.perf_counter(), 0
-    epoch = epochs[0]
+        sampler.set_epoch(epoch)
+        for micro_batches in grouped_batches(loader, accum):  # one optimizer step's batches
+            t0 = time.perf_counter()
+            try:  # forward + backward as the strategy needs them, accumulation, clipping, optimizer step
+                result = optimizer_step(model, optimizer, micro_batches, device, precision, cfg.trainer.max_grad_norm)
+            except torch.OutOfMemoryError as e:
+                raise OutOfMemory(oom_message(env.rank, device, step + 1, cfg)) from e
+            loss = result.loss
+            memory.sample()
+            step += 1
+            step_times.append(time.perf_counter() - t0)
+            times.add(result)
+            window_steps += 1
+            if first_step_at is None:
+                first_step_at = time.time()
+            if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
+                elapsed = time.perf_counter() - window_start
+                mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
+                loggers.log({
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": mean_loss,
+                    "samples_per_s": global_batch * window_steps / elapsed,
+                    "step_time_s": elapsed / window_steps,
+                    **times.window(window_steps, precision), **memory_stats(device),
+                })
+                window_start, window_steps = time.perf_counter(), 0
+            if step == cfg.trainer.steps:
+                break
+        epoch += 1
     loggers.close()
 
     final_loss = _mean_across_ranks(loss.detach(), env.world_size)
