@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainers.autobatch import activation_bytes, resolve_auto_batch
+from trainers.commshare import METHOD as COMM_SHARE_METHOD, measure_comm_share
 from trainers.data import build_dataset, build_loader, grouped_batches
 from trainers.dist import DistEnv, init_process_group, pick_device, seed_everything, set_threads
 from trainers.loggers import build_loggers, run_dir_from_env
@@ -114,6 +115,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
                  "activation_bytes": activation_bytes(model, dataset, layout.batch_size, device, precision)}
     footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
     dist.all_gather_object(footprints, footprint)
+    x, y = (t.to(device) for t in micro_batches[-1][0])  # the last batch, for the comm-share passes
+    comm_share = measure_comm_share(model, x, y)  # extra timed passes after the footprint (it clears gradients)
     steady = step_times[WARMUP_STEPS:] or step_times
     median = statistics.median(steady)
     return {
@@ -133,6 +136,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "param_checksums": checksums,
         "time_to_first_step_s": _since_launch(first_step_at),
         "restart_count": env.restart_count,
+        "comm_share": comm_share,
+        "comm_share_method": COMM_SHARE_METHOD if comm_share is not None else None,
         **_strategy_figures(cfg, layout, footprints, global_batch / median, memory.kind),
         **feature_summary(cfg, layout, precision, times, step_times, median), **auto,
     }

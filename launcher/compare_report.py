@@ -1,0 +1,98 @@
+"""compare.md (a pasteable table) and compare.png (throughput and per-rank memory) from compare.json rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from launcher.rundir import write_atomic
+
+MB = 1024 * 1024
+HEADER = ("strategy", "status", "processes", "samples/s", "step ms (median)", "final loss",
+          "peak MB/rank (max)", "params+grads+optim MB/rank", "comm share", "note")
+
+
+def state_mb_per_rank(row: Dict[str, Any]) -> Optional[List[float]]:
+    """Parameter + gradient + optimizer bytes each rank holds, in MB."""
+    parts = [row.get(k) for k in ("param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank")]
+    if any(p is None for p in parts):
+        return None
+    return [sum(values) / MB for values in zip(*parts)]  # type: ignore[misc]
+
+
+def table_rows(report: Dict[str, Any]) -> List[List[str]]:
+    out = []
+    for row in report["rows"]:
+        state = state_mb_per_rank(row)
+        peak = row.get("peak_memory_bytes_per_rank")
+        note = row.get("error") if row["status"] != "completed" else row.get("strategy_note")
+        out.append([
+            row["strategy"], row["status"], _fmt(row.get("processes"), "{}"), _fmt(row.get("samples_per_s"), "{:.0f}"),
+            _fmt(row.get("step_time_s_median") and row["step_time_s_median"] * 1000, "{:.1f}"),
+            _fmt(row.get("final_loss"), "{:.4f}"), _fmt(peak and max(peak) / MB, "{:.0f}"),
+            " / ".join(f"{v:.3f}" for v in state) if state else "-",
+            _fmt(row.get("comm_share"), "{:.0%}") if row.get("comm_share") is not None else "n/m",
+            (note or "").replace("|", "/"),
+        ])
+    return out
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    lines = [f"Model {report['model']}, {report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) or CPU workers, "
+             f"batch {report['batch_size_per_worker']} per worker, {report['steps']} steps. "
+             "Peak memory: CUDA max allocated on GPU, process RSS on CPU. n/m: not measured.", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(report)]
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(report: Dict[str, Any], out_dir: Path) -> str:
+    text = markdown(report)
+    write_atomic(out_dir / "compare.md", text)
+    plot(report, out_dir / "compare.png")
+    return text
+
+
+def print_table(text: str) -> None:
+    print(text, end="", file=sys.stdout, flush=True)
+
+
+def plot(report: Dict[str, Any], path: Path) -> None:
+    """Three panels: throughput, peak memory per rank, and parameter+gradient+optimizer MB per rank."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    names = [r["strategy"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    axes[0].bar(names, [r.get("samples_per_s") or 0 for r in rows], color="tab:blue")
+    axes[0].set_title("throughput (samples/s)")
+    _per_rank_bars(axes[1], rows, lambda r: [v / MB for v in r.get("peak_memory_bytes_per_rank") or []], "peak memory per rank (MB)")
+    _per_rank_bars(axes[2], rows, lambda r: state_mb_per_rank(r) or [], "params+grads+optimizer per rank (MB)")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=30)
+    for ax, r in ((axes[0], rows),):
+        for i, row in enumerate(r):
+            if row["status"] != "completed":
+                ax.text(i, 0, row["status"], rotation=90, ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"{report['model']}: {report['nodes']} node(s) x {report['gpus_per_node']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _per_rank_bars(ax: Any, rows: List[Dict[str, Any]], values: Any, title: str) -> None:
+    """One bar per rank, grouped by strategy: sharding shows as shorter bars per rank."""
+    width = 0.8 / max(1, max((len(values(r)) for r in rows), default=1))
+    for i, row in enumerate(rows):
+        for k, v in enumerate(values(row)):
+            ax.bar(i - 0.4 + width * (k + 0.5), v, width, color=f"C{k % 10}")
+    ax.set_xticks(range(len(rows)), [r["strategy"] for r in rows])
+    ax.set_title(title)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else spec.format(value)
