@@ -41,11 +41,12 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         with model.no_sync():
             yield
     elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2's fully_shard
-        model.set_requires_gradient_sync(False)
+        set_sync = getattr(model, "set_requires_gradient_sync")
+        set_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            set_sync(True)
     else:  # dp, naive_mp, tensor: no gradient collective to skip
         yield
 
@@ -63,7 +64,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_bat
         with gradient_sync(model, micro == count - 1):
             if hasattr(model, "train_step"):  # pipeline: its schedule runs forward and backward
                 with precision.autocast():
-                    losses.append(model.train_step(x, y))
+                    losses.append(getattr(model, "train_step")(x, y))
                 continue
             with precision.autocast():
                 out = model(x)

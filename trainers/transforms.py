@@ -10,7 +10,7 @@ silently stays uncompiled, see FACTS.md).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -19,9 +19,10 @@ from torch.utils.checkpoint import checkpoint
 
 def apply_activation_checkpointing(model: nn.Module) -> int:
     """Each block keeps only its input for backward and recomputes the rest; returns blocks changed."""
-    for block in model.blocks:
-        block.forward = functools.partial(_checkpointed, block.forward)
-    return len(model.blocks)
+    blocks = cast(nn.ModuleList, model.blocks)
+    for block in blocks:
+        block.forward = functools.partial(_checkpointed, block.forward)  # type: ignore[method-assign]
+    return len(blocks)
 
 
 def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -31,9 +32,10 @@ def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
 
 def apply_compile(model: nn.Module) -> int:
     """Compile each block's forward (the blocks share one graph: same code, parameters as inputs)."""
-    for block in model.blocks:
-        block.forward = torch.compile(block.forward)
-    return len(model.blocks)
+    blocks = cast(nn.ModuleList, model.blocks)
+    for block in blocks:
+        block.forward = torch.compile(block.forward)  # type: ignore[method-assign]
+    return len(blocks)
 
 
 def prepare_model(model: nn.Module, trainer_cfg: Any) -> nn.Module:
