@@ -18,7 +18,6 @@ class FeatureTimes:
         self.data_wait_s: List[float] = []
         self.grad_norms: List[float] = []
         self.output_dtype: Any = None
-        self._window_start = 0
 
     def add(self, result: Any) -> None:
         self.data_wait_s.append(result.data_wait_s)
