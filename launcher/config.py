@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Union
 
 from launcher.errors import ConfigError
 
@@ -40,9 +40,12 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    batch_size: int = 32  # per worker; the global batch is batch_size x world size
+    batch_size: Union[int, str] = 32  # per worker; the global batch is batch_size x world size; auto = the largest that fits
     dataset_size: int = 8192  # samples in the deterministic synthetic dataset
     record_shards: bool = False  # each rank writes the indices it saw in epoch 0 to shards/
+    num_workers: int = -1  # DataLoader processes per worker; -1 = auto (2 with CUDA, 0 on CPU: in-memory data)
+    pin_memory: Optional[bool] = None  # page-locked batches for async copies; None = on with CUDA; ignored on CPU
+    max_memory_gb: float = 0.0  # batch_size=auto: memory cap per worker; 0 = 90% of the GPU, or a share of free RAM on CPU
 
 
 @dataclass
@@ -59,6 +62,11 @@ class TrainerConfig:
     lr: float = 1e-3  # AdamW learning rate
     log_every: int = 10  # write a metrics.jsonl line every N steps (and at the last step)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # trainer.strategy=pipeline only
+    precision: str = "auto"  # auto (bf16 on CUDA that supports it, else fp32) | fp32 | bf16 | fp16 (CUDA only, gradient scaler)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step; the gradient all-reduce runs on the last one only
+    activation_checkpointing: bool = False  # recompute each block's activations in backward: less memory, more compute
+    compile: bool = False  # torch.compile each block before the strategy wraps the model
+    max_grad_norm: float = 0.0  # clip the global gradient norm to this; 0 = no clipping (the norm is logged either way)
 
 
 @dataclass
@@ -203,7 +211,7 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.gpus, 1, "--gpus")
     _at_least(cfg.trainer.steps, 1, "trainer.steps")
     _at_least(cfg.trainer.log_every, 1, "trainer.log_every")
-    _at_least(cfg.data.batch_size, 1, "data.batch_size")
+    auto_batch = _check_batch_size(cfg.data.batch_size)
     _at_least(cfg.data.dataset_size, 1, "data.dataset_size")
     _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
     from launcher.multinode import validate_rendezvous
@@ -230,18 +238,32 @@ def validate(cfg: Config) -> None:
     if cfg.metrics.straggler_fraction <= 0:
         raise ConfigError(f"metrics.straggler_fraction={cfg.metrics.straggler_fraction} must be positive: try 0.2 (20% slower than the median)")
     world = cfg.nodes * cfg.gpus
-    if cfg.data.batch_size * world > cfg.data.dataset_size:
+    accum = cfg.trainer.grad_accum_steps  # an optimizer step takes this many batches from one epoch
+    if not auto_batch and cfg.data.batch_size * world * max(1, accum) > cfg.data.dataset_size:
+        steps = f" x {accum} accumulation steps" if accum > 1 else ""
         raise ConfigError(
             f"data.dataset_size={cfg.data.dataset_size} is smaller than one global batch "
-            f"({cfg.data.batch_size} x {world} workers): raise data.dataset_size or lower data.batch_size"
+            f"({cfg.data.batch_size} x {world} workers{steps}): raise data.dataset_size or lower data.batch_size"
         )
     if cfg.script.path is not None and not cfg.script.module:
         _check_script(cfg.script.path)
     else:
         from launcher.compat import check_strategy
+        from launcher.features import check_feature_config
 
         _one_of(cfg.trainer.pipeline.schedule, PIPELINE_SCHEDULES, "trainer.pipeline.schedule")
+        check_feature_config(cfg)  # first: it rejects batch_size=auto where check_strategy does batch arithmetic
         check_strategy(cfg)
+
+
+def _check_batch_size(value: Union[int, str]) -> bool:
+    """True for data.batch_size=auto; a whole number of at least 1 otherwise."""
+    if value == "auto":
+        return True
+    if not isinstance(value, int):
+        raise ConfigError(f"data.batch_size={value} is neither a whole number nor auto: try data.batch_size=32 or data.batch_size=auto")
+    _at_least(value, 1, "data.batch_size")
+    return False
 
 
 def _check_script(path: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 from launcher.compat import workers_per_node
 from launcher.config import Config
 from launcher.errors import ConfigError
+from launcher.features import check_device_features
 
 # The torch 2.13 elastic agent shares its rendezvous TCPStore with the workers; restarted
 # workers then read the dead attempt's gloo addresses and hang (FACTS.md, pytorch#135712).
@@ -103,6 +104,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         device_type, backend = "cpu", "gloo"
         noun = "worker" if workers == 1 else "workers"
         notices.append(f"no CUDA device: running {workers} CPU {noun} with gloo")
+    notices.extend(check_device_features(cfg, device_type))
     if workers != cfg.gpus:
         devices = f"its {cfg.gpus} GPUs" if device_type == "cuda" else "the one CPU device (no GPU here)"
         notices.append(f"trainer.strategy={cfg.trainer.strategy} runs 1 process per node driving {devices}")

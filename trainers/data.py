@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+import time
+from typing import Any, Iterator, List, Tuple
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -54,8 +55,30 @@ def build_dataset(cfg: Any) -> TensorDataset:
     return teacher_dataset(cfg.data.dataset_size, m.in_dim, m.classes, cfg.seed)
 
 
-def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int, seed: int) -> Tuple[DataLoader, DistributedSampler]:
-    """Each rank reads a disjoint shard; drop_last keeps every rank at the same step count."""
+def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int, seed: int,
+                 num_workers: int = 0, pin_memory: bool = False) -> Tuple[DataLoader, DistributedSampler]:
+    """Each rank reads a disjoint shard; drop_last keeps every rank at the same step count.
+
+    Loader processes stay alive across epochs (persistent_workers): restarting them costs more
+    than an epoch of this in-memory data.
+    """
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=num_workers,
+                        pin_memory=pin_memory, persistent_workers=num_workers > 0)
     return loader, sampler
+
+
+def grouped_batches(loader: DataLoader, size: int) -> Iterator[List[Any]]:
+    """The loader's batches in groups of ``size`` (one optimizer step's micro-batches), each batch
+    with the seconds the loop waited for it; a partial group at the end of the epoch is dropped."""
+    group: List[Any] = []
+    batches = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            return
+        group.append((batch, time.perf_counter() - t0))
+        if len(group) == size:
+            yield group
+            group = []

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.models import CNN, GPT, MLP, loss_fn
+from trainers.models import CNN, GPT, MLP
 from trainers.pipeline import parallelize_pipeline, pipeline_layout
 
 
@@ -143,22 +143,3 @@ def data_layout(cfg: Any, rank: int, world: int, device: torch.device) -> DataLa
     return DataLayout(rank, world, bs, everyone)
 
 
-def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, meter: Any = None) -> torch.Tensor:
-    """Forward and backward of one step; returns this step's (detached) loss on every rank.
-
-    meter (trainers.metrics.StepMeter) times the phases; a pipeline's schedule interleaves them,
-    so its whole step counts as backward there.
-    """
-    step = getattr(model, "train_step", None)
-    if step is not None:  # strategies that drive forward and backward themselves (pipeline)
-        loss = step(x, y)
-        if meter is not None:
-            meter.phase("backward")
-        return loss
-    loss = loss_fn(model(x), y)
-    if meter is not None:
-        meter.phase("forward")
-    loss.backward()
-    if meter is not None:
-        meter.phase("backward")
-    return loss.detach()

@@ -19,17 +19,23 @@ import torch
 import torch.distributed as dist
 
 from launcher import heartbeat
+from trainers.autobatch import activation_bytes, resolve_auto_batch
 from trainers.checkpointing import Checkpointer, open_epoch
-from trainers.data import build_dataset, build_loader
+from trainers.data import build_dataset, build_loader, grouped_batches
 from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
 from trainers.faults import maybe_fail
+from trainers.features_report import FeatureTimes, feature_summary, loader_settings
+from trainers.footprint import PeakMemory, state_bytes
 from trainers.inject_hang import maybe_hang
 from trainers.loggers import build_loggers, run_dir_from_env
-from trainers.footprint import PeakMemory, state_bytes
+from trainers.memory import OutOfMemory, memory_stats, oom_message
 from trainers.metrics import StepMeter, attach_comm_timer, job_figures, window_metrics
 from trainers.models import build_model, param_checksum
+from trainers.precision import Precision, resolve_precision
+from trainers.stepping import optimizer_step
 from trainers.stop import STOP
-from trainers.strategies import STRATEGIES, data_layout, train_step
+from trainers.strategies import STRATEGIES, data_layout
+from trainers.transforms import prepare_model
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
 
@@ -41,7 +47,10 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     set_threads()
     device = pick_device(env)
     backend = init_process_group(env, device, process_group_timeout(cfg.watchdog.timeout_s))
-    result = _train(cfg, run_dir, env, device, backend)
+    try:
+        result = _train(cfg, run_dir, env, device, backend)
+    except torch.OutOfMemoryError as e:  # outside the loop (model, auto batch); the loop names its step
+        raise OutOfMemory(oom_message(env.rank, device, None, cfg)) from e
     # Only on success: a failing rank must not close its connections before its error is recorded,
     # or its peers' "connection closed" errors may be recorded first and blamed (launcher.local.root_cause).
     dist.destroy_process_group()
@@ -50,18 +59,22 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
 
 def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str) -> Dict[str, Any]:
     seed_everything(cfg.seed)  # the same initial weights on every rank
-    model = STRATEGIES[cfg.trainer.strategy](build_model(cfg.model), device, cfg)
+    model = STRATEGIES[cfg.trainer.strategy](prepare_model(build_model(cfg.model), cfg.trainer), device, cfg)
     seed_everything(cfg.seed + env.rank)  # per-rank randomness from here on
     dataset = build_dataset(cfg)
+    precision = Precision(resolve_precision(cfg.trainer.precision, device), device, cfg.trainer.strategy)
+    auto = resolve_auto_batch(model, dataset, cfg, env, device, precision) if cfg.data.batch_size == "auto" else {}
     layout = data_layout(cfg, env.rank, env.world_size, device)  # which shard, how many samples per step
-    loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed)
+    loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed,
+                                   **loader_settings(cfg, device, env.rank))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer)
     start = checkpointer.resume(len(loader))
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
     comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
     meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm)
-    global_batch = layout.batch_size * layout.shard_count
+    accum = cfg.trainer.grad_accum_steps
+    global_batch = layout.batch_size * layout.shard_count * accum  # the effective batch of one optimizer step
     memory = PeakMemory(device)
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, pid {os.getpid()}) "
           f"on {device}, {backend}, {len(sampler)} samples per epoch", flush=True)
@@ -73,24 +86,26 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     step, epoch, first_step_at = start.step, start.epoch, None
     skip, rng, stop = start.skip, start.rng, False
     step_times: List[float] = []
+    times = FeatureTimes()
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
     heartbeat()  # arms the node's hang watchdog for this rank (launcher.watchdog)
     while step < cfg.trainer.steps and not stop:
         sampler.set_epoch(epoch)
         batch_in_epoch = skip
-        for x, y in open_epoch(loader, skip, rng):
+        for micro_batches in grouped_batches(open_epoch(loader, skip, rng), accum):  # one optimizer step's batches
             t0 = time.perf_counter()
-            meter.start(x, len(x))
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = train_step(model, x, y, meter)  # forward + backward, as the strategy needs them
-            optimizer.step()
-            meter.phase("optimizer")
+            meter.start(micro_batches[0][0][0], sum(len(b[0][0]) for b in micro_batches))
+            try:  # forward + backward as the strategy needs them, accumulation, clipping, optimizer step
+                result = optimizer_step(model, optimizer, micro_batches, device, precision, cfg.trainer.max_grad_norm, meter)
+            except torch.OutOfMemoryError as e:
+                raise OutOfMemory(oom_message(env.rank, device, step + 1, cfg)) from e
+            loss = result.loss
             memory.sample()
             step += 1
-            batch_in_epoch += 1
+            batch_in_epoch += len(micro_batches)
             step_times.append(time.perf_counter() - t0)
             meter.end(counted=step > WARMUP_STEPS)
+            times.add(result)
             maybe_fail(env.rank, step, env.restart_count)
             window_steps += 1
             if first_step_at is None:
@@ -105,6 +120,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
                     "loss": mean_loss,
                     "samples_per_s": global_batch * window_steps / elapsed,
                     "step_time_s": elapsed / window_steps,
+                    **times.window(window_steps, precision), **memory_stats(device),
                 }
                 if rows is not None:
                     record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
@@ -126,7 +142,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     checksum = param_checksum(model)
     checksums: List[Optional[float]] = [None] * env.world_size
     dist.all_gather_object(checksums, checksum)
-    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes()}
+    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes(), **memory_stats(device),
+                 "activation_bytes": activation_bytes(model, dataset, layout.batch_size, device, precision)}
     footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
     dist.all_gather_object(footprints, footprint)
     steady = step_times[WARMUP_STEPS:] or step_times
@@ -152,6 +169,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "stopped_by": signal.Signals(STOP.signum).name if STOP.signum else None,
         **_strategy_figures(cfg, layout, footprints, global_batch / median if median else None, memory.kind),
         **figures,
+        **feature_summary(cfg, layout, precision, times, step_times, median), **auto,
     }
     loggers.log_summary(result)
     loggers.close()

@@ -1,0 +1,112 @@
+"""One optimizer step: micro-batches with gradient accumulation, mixed precision, clipping.
+
+Only the last micro-batch synchronises gradients (DDP's no_sync, FSDP2's
+set_requires_gradient_sync): the others accumulate locally, so accumulation costs no extra
+communication. Each micro-batch's loss is divided by the number of micro-batches, so
+``k`` micro-batches of ``b`` give the same gradient as one batch of ``k x b``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainers.models import loss_fn
+from trainers.precision import Precision
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # mean loss over the micro-batches (detached)
+    grad_norm: float  # global gradient norm before clipping
+    data_wait_s: float  # time spent waiting for batches and copying them to the device
+    output_dtype: Optional[torch.dtype]  # dtype of the model's output (bf16/fp16 under autocast)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter inside this block when not enabled."""
+    if enabled:
+        yield
+    elif isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2's fully_shard
+        set_sync = getattr(model, "set_requires_gradient_sync")
+        set_sync(False)
+        try:
+            yield
+        finally:
+            set_sync(True)
+    else:  # dp, naive_mp, tensor: no gradient collective to skip
+        yield
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: List[Tuple[Batch, float]],
+                   device: torch.device, precision: Precision, max_grad_norm: float, meter: Any = None) -> StepResult:
+    """``micro_batches``: (batch, seconds waited for it) pairs from trainers.data.grouped_batches.
+
+    meter (trainers.metrics.StepMeter) times forward, backward and optimizer; a pipeline's
+    schedule interleaves forward and backward, so its whole step counts as backward.
+    """
+    phase = meter.phase if meter is not None else (lambda name: None)
+    optimizer.zero_grad(set_to_none=True)
+    losses: List[torch.Tensor] = []
+    wait, out_dtype, count = 0.0, None, len(micro_batches)
+    for micro, ((x, y), waited) in enumerate(micro_batches):
+        t0 = time.perf_counter()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # async from pinned memory
+        wait += waited + time.perf_counter() - t0
+        with gradient_sync(model, micro == count - 1):
+            if hasattr(model, "train_step"):  # pipeline: its schedule runs forward and backward
+                with precision.autocast():
+                    losses.append(getattr(model, "train_step")(x, y))
+                phase("backward")
+                continue
+            with precision.autocast():
+                out = model(x)
+                loss = loss_fn(out, y)
+            out_dtype = out.dtype
+            phase("forward")
+            precision.backward(loss / count)
+            phase("backward")
+            losses.append(loss.detach())
+    precision.unscale(optimizer)
+    norm = clip_grad_norm(model, max_grad_norm)
+    precision.step(optimizer)
+    phase("optimizer")
+    return StepResult(torch.stack(losses).mean(), norm, wait, out_dtype)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """The global L2 norm of all gradients, clipped to max_norm when it is positive.
+
+    Sharded gradients (DTensors under FSDP and tensor parallel) contribute their full norm
+    (a collective), replicated ones count once, and pipeline stages add theirs across the
+    pipeline, so every strategy reports the norm a single process would.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    squares = []
+    for g in grads:
+        n = torch.linalg.vector_norm(g, dtype=torch.float32)
+        squares.append((n.full_tensor() if hasattr(n, "full_tensor") else n).detach() ** 2)
+    device = grads[0].device if grads else torch.device("cpu")
+    total_sq = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    pp_group = getattr(model, "pp_group", None)
+    if pp_group is not None and getattr(model, "stages", 1) > 1:
+        dist.all_reduce(total_sq, group=pp_group)
+    norm = float(total_sq.sqrt())
+    if max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return norm
