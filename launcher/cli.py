@@ -14,6 +14,7 @@ OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
+    "resume": "launcher.resume",
 }
 
 EPILOG = """\
@@ -24,6 +25,7 @@ examples:
   python -m launcher --gpus 2 -m mypkg.train --epochs 3     a module, like python -m
   python -m launcher --config configs/quick.yaml --dry-run  print the resolved config and plan only
   python -m launcher --show-config                          every config key with its default
+  python -m launcher resume runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
 
 Configuration precedence: built-in defaults < --config YAML < flags and key=value overrides.
 Without CUDA, --gpus G runs G CPU workers with gloo.

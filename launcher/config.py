@@ -47,6 +47,15 @@ class TrainerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_steps: int = 50  # save every N steps (0 = only at the end and on Ctrl-C/SIGTERM)
+    every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off)
+    keep: int = 3  # keep the newest K checkpoints
+    dir: Optional[str] = None  # None = <run_dir>/checkpoints
+    grace_s: float = 8.0  # after Ctrl-C/SIGTERM, how long workers get to checkpoint before being killed
+
+
+@dataclass
 class RendezvousConfig:
     timeout_s: int = 60  # how long a node waits for the others before giving up
 
@@ -85,6 +94,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rdzv: RendezvousConfig = field(default_factory=RendezvousConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LaunchSection = field(default_factory=LaunchSection)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
@@ -159,6 +169,13 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
+    _at_least(cfg.checkpoint.every_steps, 0, "checkpoint.every_steps")
+    _at_least(cfg.checkpoint.keep, 1, "checkpoint.keep")
+    if cfg.checkpoint.every_seconds < 0:
+        raise ConfigError(f"checkpoint.every_seconds={cfg.checkpoint.every_seconds} must be 0 (off) or positive")
+    if not 0 < cfg.checkpoint.grace_s <= 12:
+        raise ConfigError(f"checkpoint.grace_s={cfg.checkpoint.grace_s} must be in (0, 12]: "
+                          "everything must be gone within 15 s of Ctrl-C")
     if cfg.trainer.lr <= 0:
         raise ConfigError(f"trainer.lr={cfg.trainer.lr} must be positive: try trainer.lr=1e-3")
     _one_of(cfg.trainer.strategy, STRATEGIES, "trainer.strategy")

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from launcher.errors import RendezvousError, WorkerFailedError
+from launcher.failures import FailureWatch, failure_reason, rank_log, root_cause
 from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
 from launcher.plan import LaunchPlan
 from launcher.worker import WorkerSpec, run_worker
@@ -52,12 +52,15 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], 
         start_method=plan.start_method,
         logs_specs=RunDirLogsSpecs(Path(plan.run_dir) / "logs"),
         log_line_prefix_template=CONSOLE_PREFIX,
+        shutdown_timeout=plan.shutdown_timeout_s,
     )
     spec = WorkerSpec(config=config, run_dir=plan.run_dir)
+    watch = FailureWatch(plan)
     try:
-        results = elastic_launch(launch_config, run_worker)(spec)
+        with watch.installed():
+            results = elastic_launch(launch_config, run_worker)(spec)
     except ChildFailedError as e:
-        raise WorkerFailedError(describe_failure(e, plan)) from e
+        raise WorkerFailedError(describe_failure(e, plan, watch.last)) from e
     except TorchRendezvousError as e:
         raise RendezvousError(
             f"nodes did not meet at {plan.rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
@@ -67,31 +70,18 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], 
     return results, restarts
 
 
-def describe_failure(error: Any, plan: LaunchPlan) -> str:
+def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, Any]] = None) -> str:
     """'rank 1 failed (exit code 1): ValueError: boom; see <run_dir>/logs/rank-1.log' for the first failure."""
-    rank, failure = error.get_first_failure()
+    failures = failures or error.failures
+    rank, failure = root_cause(failures)
     reason = _failure_reason(failure)
-    others = sorted(r for r in error.failures if r != rank)
+    others = sorted(r for r in failures if r != rank)
     also = f" (ranks {', '.join(map(str, others))} failed too)" if others else ""
-    log_file = Path(plan.run_dir) / "logs" / f"rank-{rank}.log"
+    log_file = rank_log(plan, rank, plan.max_restarts)  # the last attempt's log
     return f"rank {rank} failed: {reason}{also}; see {log_file}"
 
 
-def _failure_reason(failure: Any) -> str:
-    if failure.exitcode is not None and failure.exitcode < 0:
-        try:
-            name = signal.Signals(-failure.exitcode).name
-        except ValueError:
-            name = f"signal {-failure.exitcode}"
-        return f"killed by {name}"
-    message = failure.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    text = str(message or "").strip()
-    if text.startswith("To enable traceback") or not text:
-        return f"exit code {failure.exitcode}"
-    first = text.splitlines()[0]
-    return f"exit code {failure.exitcode}: {first}"
+_failure_reason = failure_reason  # the name used before launcher.failures existed
 
 
 def first_result(results: Dict[int, Any]) -> Optional[Dict[str, Any]]:

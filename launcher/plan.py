@@ -51,6 +51,8 @@ class LaunchPlan:
     worker_env: Dict[str, str] = field(default_factory=dict)
     agent_env: Dict[str, str] = field(default_factory=dict)
     notices: Tuple[str, ...] = ()
+    shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
+
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,4 +117,6 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str) -> LaunchPl
         worker_env={"OMP_NUM_THREADS": str(omp), "LAUNCHER_RUN_DIR": run_dir, "LAUNCHER_BACKEND": backend},
         agent_env=dict(AGENT_ENV),
         notices=tuple(notices),
+        # workers stop themselves checkpoint.grace_s after the signal; the agent's SIGKILL is the backstop
+        shutdown_timeout_s=int(cfg.checkpoint.grace_s) + 2,
     )

@@ -42,9 +42,12 @@ def _run(spec: WorkerSpec) -> Dict[str, Any]:
     if script["path"] is not None:
         return run_script(script["path"], bool(script["module"]), list(script["args"]))
     from launcher.config import from_dict
+    from trainers.stop import STOP
     from trainers.train import train
 
-    return train(from_dict(spec.config), spec.run_dir)
+    result = train(from_dict(spec.config), spec.run_dir)
+    STOP.exit_if_stopped()  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
+    return result
 
 
 def run_script(path: str, module: bool, args: List[str]) -> Dict[str, Any]:

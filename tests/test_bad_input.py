@@ -31,6 +31,9 @@ def cases(tmp_path):
         (["adir"], "script adir is a directory"),
         ([f"output_dir={a_file}/sub"], "cannot be written"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["checkpoint.keep=0"], "checkpoint.keep=0 must be at least 1"),
+        (["checkpoint.every_steps=-5"], "checkpoint.every_steps=-5 must be at least 0"),
+        (["checkpoint.grace_s=60"], "checkpoint.grace_s=60.0 must be in (0, 12]"),
     ]
 
 

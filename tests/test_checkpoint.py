@@ -1,0 +1,158 @@
+"""The checkpoint format: real DCP files on disk, atomic saves, damage detected, no arbitrary unpickling.
+
+One process with a one-rank gloo group; the multi-rank paths run in test_restarts.py.
+"""
+
+import os
+import pickle
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.helpers import REPO, launcher_env
+from trainers import checkpoint as ckpt
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def trained(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def save_steps(tmp_path, steps, keep=5):
+    model, optimizer = trained(0)
+    for step in steps:
+        ckpt.save(tmp_path, model, optimizer, ckpt.Position(step, 0, step, 1.5, "wandb-abc"), keep=keep)
+    return model, optimizer
+
+
+def test_round_trip_restores_weights_optimizer_position_and_every_rng(tmp_path):
+    model, optimizer = trained(0)
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    ckpt.save(tmp_path, model, optimizer, ckpt.Position(12, 1, 4, 0.25, "wandb-abc"), keep=3)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
+
+    fresh, fresh_opt = trained(1)
+    assert not same_weights(model, fresh)
+    resumed = ckpt.load_latest(tmp_path, fresh, fresh_opt)
+    assert resumed is not None and resumed.position == ckpt.Position(12, 1, 4, 0.25, "wandb-abc")
+    assert same_weights(model, fresh)
+    for a, b in zip(optimizer.state.values(), fresh_opt.state.values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    ckpt.restore_rng(resumed.rng)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
+
+    manifest = ckpt.read_manifest(resumed.path)
+    assert manifest["step"] == 12 and manifest["world_size"] == 1
+    assert {"rank-0.pt", ".metadata"} <= set(manifest["files"])
+
+
+def test_keeps_the_newest_k(tmp_path):
+    save_steps(tmp_path, [10, 20, 30, 40], keep=2)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000040", "step-00000030"]
+
+
+def test_damaged_latest_is_skipped_with_a_warning_and_the_one_before_used(tmp_path, capsys):
+    save_steps(tmp_path, [10, 20, 30])
+    latest = tmp_path / "step-00000030"
+    shard = next(p for p in latest.iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated, as by a full disk
+    (tmp_path / "step-00000020" / "rank-0.pt").write_bytes(b"\0" * 40)  # garbage of any size
+
+    model, optimizer = trained(1)
+    resumed = ckpt.load_latest(tmp_path, model, optimizer)
+    assert resumed is not None and resumed.position.step == 10
+    out = capsys.readouterr().out
+    assert "step-00000030 is damaged" in out and shard.name in out and "step-00000020 is damaged" in out
+    # damaged ones are set aside, so later saves of those steps start clean
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt-step-00000020", "corrupt-step-00000030", "step-00000010"]
+
+
+def test_a_checkpoint_without_its_manifest_or_a_leftover_temp_dir_is_ignored(tmp_path):
+    save_steps(tmp_path, [10, 20])
+    (tmp_path / "step-00000020" / ckpt.MANIFEST).unlink()
+    (tmp_path / ".tmp-step-00000030").mkdir()
+    assert ckpt.latest_valid(tmp_path, warn=lambda m: None) == tmp_path / "step-00000010"
+    assert ckpt.load_latest(tmp_path / "nothing-here", *trained(1)) is None
+
+
+def test_killed_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
+    """A real SIGKILL at the worst moment: every file of the new checkpoint written, not yet renamed."""
+    script = textwrap.dedent(f"""
+        import os, signal, torch, torch.distributed as dist
+        from trainers import checkpoint as ckpt
+        from tests.test_checkpoint import trained
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        model, optimizer = trained(0)
+        ckpt.save(ckpt.Path({str(tmp_path)!r}), model, optimizer, ckpt.Position(10, 0, 10), keep=3)
+        real_rename = os.rename
+        def rename(src, dst):
+            if os.path.basename(str(src)).startswith(".tmp-step"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_rename(src, dst)
+        os.rename = rename
+        ckpt.save(ckpt.Path({str(tmp_path)!r}), model, optimizer, ckpt.Position(20, 0, 20), keep=3)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=launcher_env(), capture_output=True, text=True, timeout=90)
+    assert proc.returncode == -9, proc.stderr
+    assert (tmp_path / ".tmp-step-00000020" / ckpt.MANIFEST).is_file()  # it got that far
+    model, optimizer = trained(1)
+    resumed = ckpt.load_latest(tmp_path, model, optimizer)
+    assert resumed is not None and resumed.position.step == 10
+    # saving that step again replaces the leftover
+    ckpt.save(tmp_path, model, optimizer, ckpt.Position(20, 0, 20), keep=3)
+    assert not (tmp_path / ".tmp-step-00000020").exists()
+    assert ckpt.verify(tmp_path / "step-00000020") is None
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def forge(path, name, payload):
+    """Replace a file and its manifest entry, as an attacker with write access to the run could."""
+    (path / name).write_bytes(payload)
+    manifest = ckpt.read_manifest(path)
+    manifest["files"][name] = {"size": len(payload), "sha256": ckpt._sha256(path / name)}
+    (path / ckpt.MANIFEST).write_text(__import__("json").dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["rank-0.pt", ".metadata"])
+def test_loading_never_runs_code_from_a_checkpoint(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    save_steps(tmp_path, [10])
+    path = tmp_path / "step-00000010"
+    if name == "rank-0.pt":
+        buffer = __import__("io").BytesIO()
+        torch.save({"position": Boom()}, buffer)
+        forge(path, name, buffer.getvalue())
+    else:
+        forge(path, name, pickle.dumps(Boom()))
+    with pytest.raises(Exception, match="(?i)unpickl|not allowed|weights_only"):
+        ckpt.load_latest(tmp_path, *trained(1))
+    assert not (tmp_path / "pwned").exists()

@@ -1,0 +1,106 @@
+"""Restarts and resumes of real 2-worker jobs end with the same weights as an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_metrics, read_summary, run_launcher
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS = 40
+# 1024 samples / 2 ranks / batch 16 = 32 batches per epoch: checkpoints fall mid-epoch and at epoch ends
+JOB = ["--gpus", "2", f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=4", *QUICK]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: the same job, never interrupted."""
+    out = tmp_path_factory.mktemp("reference")
+    result = run_launcher([*JOB, f"output_dir={out}", "run_id=reference"], cwd=out)
+    assert result.returncode == 0, result.stderr
+    return out, read_summary(out / "reference")
+
+
+def assert_same_training(summary, uninterrupted):
+    reference = uninterrupted[1]
+    assert summary["status"] == "completed" and summary["steps"] == STEPS
+    assert summary["param_checksum"] == reference["param_checksum"]
+    assert len(set(summary["param_checksums"])) == 1
+
+
+def test_a_raising_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
+    result = run_launcher([*JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
+                          env={"LAUNCHER_INJECT_FAULT": "rank=1,step=13"})
+    assert result.returncode == 0, result.stderr
+    assert "attempt 0: rank 1 failed: exit code 1: InjectedFault: injected fault on rank 1 at step 13" in result.stderr
+    run_dir = only_run_dir(tmp_path)
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 8
+    assert_same_training(summary, uninterrupted)
+    assert "resumed from" in (run_dir / "logs" / "rank-1.attempt-1.log").read_text()
+    # the steps redone after the restart are logged once
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(4, STEPS + 1, 4))
+
+
+def test_a_sigkilled_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
+        env=launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=21,action=hang"}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        pid = wait_for_hang(tmp_path)
+        os.kill(pid, signal.SIGKILL)  # a real kill of a real worker, from outside
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err
+    assert "attempt 0: rank 1 failed: killed by SIGKILL" in err
+    summary = read_summary(only_run_dir(tmp_path))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 16
+    assert_same_training(summary, uninterrupted)
+
+
+def wait_for_hang(output_dir, timeout=90):
+    """The pid of the rank that printed 'injected hang' (it stops there, so the kill lands mid-training)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in output_dir.glob("*/logs/rank-1.log"):
+            for line in log.read_text().splitlines():
+                if line.startswith("injected hang"):
+                    return int(line.rsplit("pid ", 1)[1])
+        time.sleep(0.2)
+    raise AssertionError("rank 1 never reached the injected hang")
+
+
+def test_resume_command_continues_a_finished_run_in_place(tmp_path, uninterrupted):
+    first = run_launcher([*JOB, f"output_dir={tmp_path}", "trainer.steps=20"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run_dir = only_run_dir(tmp_path)
+    result = run_launcher(["resume", str(run_dir), f"trainer.steps={STEPS}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "resuming run" in result.stderr and "from step-00000020 (step 20)" in result.stderr
+    assert only_run_dir(tmp_path) == run_dir  # same directory, no new run
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == 20
+    assert_same_training(summary, uninterrupted)
+    assert f"steps: {STEPS}" in (run_dir / "config.yaml").read_text()  # the recorded config follows
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(4, STEPS + 1, 4))
+
+
+def test_running_a_finished_job_again_repeats_nothing(tmp_path, uninterrupted):
+    """An elastic agent may start a finished job again as a new attempt: it must resume, not retrain."""
+    out, reference = uninterrupted
+    result = run_launcher([*JOB, f"output_dir={out}", "run_id=reference"], cwd=out)
+    assert result.returncode == 0, result.stderr
+    summary = read_summary(out / "reference")
+    assert summary["resumed_from_step"] == STEPS and summary["final_loss"] == reference["final_loss"]
+    assert_same_training(summary, uninterrupted)
+    manifest = json.loads((out / "reference" / "checkpoints" / f"step-{STEPS:08d}" / "manifest.json").read_text())
+    assert manifest["step"] == STEPS and manifest["world_size"] == 2

@@ -1,0 +1,368 @@
+"""Checkpoints of the built-in trainer: atomic on disk, verified on load, never unpickling arbitrary objects.
+
+Layout of one checkpoint, ``<dir>/step-00000042/``:
+  .metadata, __<r>_0.distcp   model and optimizer through torch.distributed.checkpoint (DCP), so
+                              sharded strategies (FSDP, tensor, pipeline) save and load their shards
+  rank-<r>.pt                 what belongs to one rank: data position, RNG states (weights-only)
+  manifest.json               written last: size and sha256 of every file above, step, world size
+
+Saving writes everything into ``.tmp-step-N``, fsyncs, then renames it: a job killed mid-save
+leaves at most a temporary directory, which loading ignores. Loading takes the newest checkpoint
+whose files match its manifest and sets aside (``corrupt-step-N``) any newer one that does not.
+
+API (collective calls: every rank calls them at the same step):
+  save(ckpt_dir, model, optimizer, position, keep)  -> the checkpoint directory
+  load_latest(ckpt_dir, model, optimizer)          -> Resume (position, this rank's RNG) or None
+and, for the launcher (no process group needed): latest_valid(ckpt_dir), read_manifest(path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import random
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+log = logging.getLogger("launcher.checkpoint")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that verifies but cannot be loaded: refused content, or another job's layout."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: the same on every rank at a step boundary."""
+
+    step: int  # optimizer steps done
+    epoch: int  # the sampler epoch in progress
+    batch: int  # batches of that epoch already consumed
+    loss: float = 0.0  # the last step's mean loss, so a run resumed at its end still reports it
+    wandb_run_id: Optional[str] = None  # so a resumed run logs into the same W&B run
+
+
+@dataclass(frozen=True)
+class Resume:
+    position: Position
+    rng: Dict[str, Any]  # this rank's RNG states, for restore_rng at the resumed data position
+    path: Path
+
+
+def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Path]:
+    """checkpoint.dir, else <run_dir>/checkpoints; None when there is nowhere to write."""
+    if cfg.checkpoint.dir:
+        return Path(cfg.checkpoint.dir)
+    return Path(run_dir) / "checkpoints" if run_dir else None
+
+
+def step_dir(ckpt_dir: Path, step: int) -> Path:
+    return ckpt_dir / f"step-{step:08d}"
+
+
+# --- saving -----------------------------------------------------------------------------------
+
+def save(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, position: Position, keep: int) -> Path:
+    """Write a checkpoint of `position` atomically; keep the newest `keep`. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    rank = _rank()
+    final, tmp = step_dir(ckpt_dir, position.step), ckpt_dir / f".tmp-step-{position.step:08d}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a job killed mid-save
+        tmp.mkdir(parents=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+    _save_rank_file(tmp / f"rank-{rank}.pt", {"position": asdict(position), "rng": capture_rng()})
+    _barrier()
+    if rank == 0:
+        _publish(tmp, final, position)
+        prune(ckpt_dir, keep)
+    _barrier()
+    return final
+
+
+def _save_rank_file(path: Path, payload: Dict[str, Any]) -> None:
+    with open(path, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _publish(tmp: Path, final: Path, position: Position) -> None:
+    """Manifest last, then one rename: a checkpoint directory is complete or absent."""
+    files = sorted(p for p in tmp.iterdir() if p.is_file())
+    manifest = {
+        "format": FORMAT,
+        "step": position.step,
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "position": asdict(position),
+        "files": {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+    }
+    with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # the same step saved again (a repeated attempt): swap, never merge
+        old = final.with_name(f".old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def prune(ckpt_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints."""
+    for path in list_checkpoints(ckpt_dir)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- finding and verifying --------------------------------------------------------------------
+
+def list_checkpoints(ckpt_dir: Path) -> List[Path]:
+    """Checkpoint directories, newest first (temporary and set-aside ones excluded)."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def verify(path: Path) -> Optional[str]:
+    """None when every file matches the manifest, else why not."""
+    try:
+        manifest = read_manifest(path)
+    except (OSError, ValueError) as e:
+        return f"no readable {MANIFEST} ({e.__class__.__name__})"
+    if manifest.get("format") != FORMAT:
+        return f"format {manifest.get('format')!r}, expected {FORMAT}"
+    for name, want in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != want["size"]:
+            return f"{name} has {file.stat().st_size} bytes, expected {want['size']}"
+        if _sha256(file) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def read_manifest(path: Path) -> Dict[str, Any]:
+    data = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("manifest is not an object")
+    return data
+
+
+def latest_valid(ckpt_dir: Path, warn: Callable[[str], None] = log.warning, set_aside: bool = False) -> Optional[Path]:
+    """The newest checkpoint that verifies; each bad one newer than it is reported (and set aside)."""
+    for path in list_checkpoints(ckpt_dir):
+        problem = verify(path)
+        if problem is None:
+            return path
+        warn(f"checkpoint {path} is damaged ({problem}); skipping it and trying the one before")
+        if set_aside:
+            os.rename(path, path.with_name(f"corrupt-{path.name}"))
+    return None
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Optional[Resume]:
+    """Load the newest good checkpoint into model and optimizer; None when there is none. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    chosen: List[Optional[str]] = [None]
+    if _rank() == 0:
+        path = latest_valid(ckpt_dir, warn=_warn_everywhere, set_aside=True)
+        chosen[0] = str(path) if path else None
+    if dist.is_initialized():
+        dist.broadcast_object_list(chosen, src=0)  # between our own ranks: they agree on one checkpoint
+    if chosen[0] is None:
+        return None
+    path = Path(chosen[0])
+    rank_file = path / f"rank-{_rank()}.pt"
+    if not rank_file.is_file():
+        raise CheckpointError(f"{path} has no {rank_file.name}: it was written by a job with another world size")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=WeightsOnlyLoadPlanner())
+        payload = torch.load(rank_file, map_location="cpu", weights_only=True)
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"cannot load {path}: {_root_message(e)}") from e
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return Resume(position=Position(**payload["position"]), rng=payload["rng"], path=path)
+
+
+def _root_message(error: BaseException) -> str:
+    """DCP wraps each rank's exception; the first line of the innermost is the useful part."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        error = next(iter(failures.values()))
+        if isinstance(error, tuple):  # (exception, traceback) in some torch versions
+            error = error[0]
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).strip().splitlines()
+    return f"{error.__class__.__name__}: {text[0] if text else ''}"
+
+
+def _warn_everywhere(message: str) -> None:
+    """Rank 0's stdout is its log and the console: a skipped checkpoint must be seen."""
+    print(f"warning: {message}", flush=True)
+
+
+def _safe_dcp_classes() -> Dict[tuple, Any]:
+    """What a DCP .metadata file may contain; anything else is refused, not constructed."""
+    import collections
+    import pathlib
+
+    import torch.distributed.checkpoint.metadata as md
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    allowed: Dict[tuple, Any] = {}
+    for module in (md,):
+        for name in dir(module):
+            obj = getattr(module, name)
+            if isinstance(obj, type) and obj.__module__ == module.__name__:
+                allowed[(module.__name__, name)] = obj
+    allowed[(_StorageInfo.__module__, "_StorageInfo")] = _StorageInfo
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    allowed[("pathlib", "PosixPath")] = pathlib.PosixPath  # the checkpoint id DCP records
+    allowed[("pathlib", "PurePosixPath")] = pathlib.PurePosixPath
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    for name in dir(torch):
+        if isinstance(getattr(torch, name), torch.dtype):
+            allowed[("torch", name)] = getattr(torch, name)
+    return allowed
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    _allowed: Optional[Dict[tuple, Any]] = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        if _RestrictedUnpickler._allowed is None:
+            _RestrictedUnpickler._allowed = _safe_dcp_classes()
+        if (module, name) in _RestrictedUnpickler._allowed:
+            return _RestrictedUnpickler._allowed[(module, name)]
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+
+
+def _make_reader_class() -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        """DCP's reader, but .metadata is unpickled with an allow-list of DCP's own classes."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = _RestrictedUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+        """Non-tensor values (optimizer hyper-parameters) with torch.load(weights_only=True)."""
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeFileSystemReader, WeightsOnlyLoadPlanner
+
+
+SafeFileSystemReader, WeightsOnlyLoadPlanner = _make_reader_class()
+
+
+# --- RNG states ---------------------------------------------------------------------------------
+
+def capture_rng() -> Dict[str, Any]:
+    """Every RNG the loop may draw from, as tensors and plain values (loadable weights-only)."""
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": _to_plain(random.getstate())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
+    except ImportError:
+        pass
+    return state
+
+
+def restore_rng(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_to_tuples(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+
+
+def _to_plain(value: Any) -> Any:
+    return [_to_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _to_tuples(value: Any) -> Any:
+    return tuple(_to_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+# --- small helpers ------------------------------------------------------------------------------
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,128 @@
+"""When the training loop saves, and how it picks up exactly where a checkpoint left off.
+
+Kept apart from trainers.checkpoint (the on-disk format) so a strategy or a cluster integration can
+use the format without the loop's policy: every_steps, every_seconds, at the end, and on a stop request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainers.checkpoint import Position, Resume, checkpoint_dir, load_latest, restore_rng, save
+from trainers.stop import STOP, StepSignals
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the loop starts: from scratch, or just after a checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    skip: int = 0  # batches of `epoch` to pass over
+    rng: Optional[dict] = None  # RNG states to restore at that point (open_epoch)
+    resumed: Optional[Resume] = None
+
+
+class Checkpointer:
+    """The loop's checkpoint policy; every method is called by all ranks at the same step."""
+
+    def __init__(self, cfg: Any, run_dir: Optional[str], rank: int, world_size: int, device: torch.device,
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.dir = checkpoint_dir(cfg, run_dir)
+        self._run_dir = Path(run_dir) if run_dir else None
+        self._every_steps = cfg.checkpoint.every_steps
+        self._every_s = cfg.checkpoint.every_seconds
+        self._keep = cfg.checkpoint.keep
+        self._rank = rank
+        self._model, self._optimizer = model, optimizer
+        self._signals = StepSignals(world_size, device)
+        self._last_step = -1
+        self._last_at = time.monotonic()
+
+    def resume(self, batches_per_epoch: int) -> Start:
+        """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts."""
+        resumed = load_latest(self.dir, self._model, self._optimizer) if self.dir is not None else None
+        if resumed is None:
+            return Start()
+        self._last_step = resumed.position.step
+        if self._rank == 0:
+            drop_metrics_after(self._run_dir, resumed.position.step)
+        step, epoch, skip = resumed.position.step, resumed.position.epoch, resumed.position.batch
+        if skip >= batches_per_epoch:  # saved at the end of an epoch
+            epoch, skip = epoch + 1, 0
+        print(f"resumed from {resumed.path} at step {step} (epoch {epoch}, batch {skip})", flush=True)
+        return Start(step, epoch, skip, resumed.rng, resumed)
+
+    def after_step(self, step: int, epoch: int, batch: int, mean_loss: Callable[[], float], last: bool) -> bool:
+        """Save when due; True when the ranks agreed to stop (a signal arrived on any of them).
+
+        mean_loss is collective too, and called only when saving (it synchronises the device).
+        """
+        time_due = self._rank == 0 and self._every_s > 0 and time.monotonic() - self._last_at >= self._every_s
+        stop, time_due = self._signals.exchange(STOP.requested, time_due)
+        step_due = self._every_steps > 0 and step % self._every_steps == 0
+        if stop or time_due or step_due or last:
+            self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id()))
+        return stop
+
+    def save(self, position: Position) -> None:
+        if self.dir is None or position.step == self._last_step:
+            return
+        path = save(self.dir, self._model, self._optimizer, position, self._keep)
+        self._last_step, self._last_at = position.step, time.monotonic()
+        if self._rank == 0:
+            print(f"checkpoint saved: {path}", flush=True)
+
+    def _wandb_run_id(self) -> Optional[str]:
+        """Written into the run directory by the W&B logger, so a resumed run continues the same W&B run."""
+        path = self._run_dir / "wandb_run_id" if self._run_dir else None
+        if path is not None and path.is_file():
+            return path.read_text(encoding="utf-8").strip() or None
+        return None
+
+
+def drop_metrics_after(run_dir: Optional[Path], step: int) -> None:
+    """A resumed run redoes the steps after its checkpoint: drop their old metrics lines (rank 0 only).
+
+    Without this, metrics.jsonl of a run that died at step 37 and resumed from 30 would hold
+    steps 31-37 twice.
+    """
+    path = run_dir / "metrics.jsonl" if run_dir else None
+    if path is None or not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) > step:
+                continue
+        except (ValueError, AttributeError):
+            pass  # not ours to judge: keep it
+        kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def open_epoch(loader: DataLoader, skip: int, rng: Optional[dict]) -> Iterator[Any]:
+    """The epoch's batches from batch `skip` on, with the RNG states exactly as the saved run had them there.
+
+    Creating a DataLoader iterator draws from torch's RNG, so the saved states are restored at the
+    point they were captured: before the iterator for an epoch boundary, after skipping otherwise.
+    """
+    if rng is not None and skip == 0:
+        restore_rng(rng)
+    batches = iter(loader)
+    if skip:
+        next(itertools.islice(batches, skip - 1, skip), None)  # consume `skip` batches
+        if rng is not None:
+            restore_rng(rng)
+    return batches

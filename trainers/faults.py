@@ -1,0 +1,42 @@
+"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang].
+
+At step S of restart attempt A (default 0 only, so a restarted job goes on), rank R raises
+(action=raise, the default) or stops making progress forever (action=hang: it prints a line and
+sleeps, so a test can kill it or a watchdog can catch it at a known point).
+An environment variable rather than a config key: it is not part of a job's recorded config.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, Optional, Union
+
+ENV = "LAUNCHER_INJECT_FAULT"
+ACTIONS = ("raise", "hang")
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by a test; never in a normal run."""
+
+
+def parse(text: str) -> Dict[str, Union[int, str]]:
+    fields = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    action = fields.get("action", "raise")
+    if action not in ACTIONS:
+        raise ValueError(f"{ENV}: action={action} is not one of {', '.join(ACTIONS)}")
+    return {"rank": int(fields["rank"]), "step": int(fields["step"]), "attempt": int(fields.get("attempt", 0)), "action": action}
+
+
+def maybe_fail(rank: int, step: int, attempt: int, spec: Optional[str] = None) -> None:
+    spec = os.environ.get(ENV) if spec is None else spec
+    if not spec:
+        return
+    fault = parse(spec)
+    if (fault["rank"], fault["step"], fault["attempt"]) != (rank, step, attempt):
+        return
+    if fault["action"] == "hang":
+        print(f"injected hang on rank {rank} at step {step} (attempt {attempt}), pid {os.getpid()}", flush=True)
+        while True:
+            time.sleep(3600)
+    raise InjectedFault(f"injected fault on rank {rank} at step {step} (attempt {attempt})")

@@ -1,0 +1,99 @@
+"""Stop requests: a signal sets a flag, the loop checkpoints and stops at the next step boundary.
+
+Ctrl-C / SIGTERM reach every worker (the terminal signals the whole group; the agent forwards
+SIGTERM). A handler only sets a flag, because a collective cannot be left half-done; the ranks
+agree on it at a step boundary (``StepSignals.exchange``), save a checkpoint and return. A worker
+that does not get there within the grace period exits anyway, and a second signal exits at once.
+A SLURM preemption (USR2) uses the same path: ``install((signal.SIGUSR2,), grace_s)``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Iterable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REPEAT_WINDOW_S = 2.0  # a signal repeated within this is the same request, not the user insisting
+
+
+class StopRequest:
+    """Set by a signal handler (or by code, e.g. a preemption notice); read at step boundaries."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._grace_s = 10.0
+        self._requested_at = 0.0
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def request(self, signum: int) -> None:
+        """Ask the loop to checkpoint and stop; exit unconditionally after the grace period."""
+        if self.signum is not None:
+            return
+        self.signum = signum
+        self._requested_at = time.monotonic()
+        threading.Thread(target=self._deadline, args=(signum, self._grace_s), daemon=True).start()
+
+    def install(self, signals: Iterable[int] = DEFAULT_SIGNALS, grace_s: float = 10.0) -> None:
+        """Route these signals to request(); main thread only (Python's rule for handlers)."""
+        self._grace_s = grace_s
+        for signum in signals:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.signum is not None:
+            # Ctrl-C reaches the worker twice: from the terminal and forwarded by the agent, within
+            # milliseconds. Only a later one is the user insisting.
+            if time.monotonic() - self._requested_at > REPEAT_WINDOW_S:
+                os._exit(128 + signum)
+            return
+        print(f"got {signal.Signals(signum).name}: checkpointing at the next step boundary "
+              f"(up to {self._grace_s:.0f}s; signal again to stop at once)", flush=True)
+        self.request(signum)
+
+    @staticmethod
+    def _deadline(signum: int, grace_s: float) -> None:
+        time.sleep(grace_s)
+        print(f"no clean stop within {grace_s:.0f}s of {signal.Signals(signum).name}: exiting", flush=True)
+        os._exit(128 + signum)
+
+
+    def exit_if_stopped(self) -> None:
+        """After the loop stopped for a signal: leave now, with the signal's exit code.
+
+        torch's process wrapper would otherwise wait for the agent to collect a result, which an
+        agent that is shutting down never does, and the worker would sit until the grace period ends.
+        """
+        if self.signum is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + self.signum)
+
+
+STOP = StopRequest()  # one per worker process, like the signal handlers that set it
+
+
+class StepSignals:
+    """One small all-reduce per step so that every rank takes the same decision at the same step."""
+
+    def __init__(self, world_size: int, device: torch.device) -> None:
+        self._world = world_size
+        self._device = device
+
+    def exchange(self, stop: bool, time_due: bool) -> Tuple[bool, bool]:
+        """(stop, checkpoint-by-time) agreed across ranks: true if true on any rank."""
+        if self._world == 1:
+            return stop, time_due
+        flags = torch.tensor([float(stop), float(time_due)], device=self._device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0].item()), bool(flags[1].item())
