@@ -27,6 +27,12 @@ examples:
   python -m launcher --show-config                          every config key with its default
   python -m launcher resume runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
 
+  python -m launcher --nodes 2 --gpus 2                     2 nodes simulated on this machine (WORLD_SIZE 4)
+  python -m launcher --nodes 2 --gpus 4 --node-rank 0 --master-addr HOST --master-port 29500
+                                                            one node of a 2-machine job (run it on each, K=0,1)
+  python -m launcher --nodes 2 --gpus 2 --rdzv-endpoint HOST:29400 --rdzv-id job1
+                                                            c10d rendezvous: same command on every node
+
 Configuration precedence: built-in defaults < --config YAML < flags and key=value overrides.
 Without CUDA, --gpus G runs G CPU workers with gloo.
 """
@@ -54,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restart the workers up to K times when one fails (launcher.max_restarts)")
     p.add_argument("--rdzv-timeout", type=_int_flag("--rdzv-timeout"), metavar="SECONDS",
                    help="how long a node waits for the others (rdzv.timeout_s, default 60)")
+    p.add_argument("--node-rank", type=_int_flag("--node-rank"), metavar="K",
+                   help="this machine's node rank, 0..N-1 (static rendezvous with --master-addr/--master-port)")
+    p.add_argument("--master-addr", metavar="HOST", help="node 0's host name or address (static rendezvous)")
+    p.add_argument("--master-port", type=_int_flag("--master-port"), metavar="PORT",
+                   help="the port on node 0 the nodes meet on (static rendezvous, default 29500)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="torch's c10d rendezvous instead of --node-rank: node ranks are assigned on arrival and "
+                        "nodes may run different worker counts (e.g. --gpus 1 on one node, --gpus 2 on another)")
+    p.add_argument("--rdzv-id", metavar="ID", help="rendezvous and run id shared by all nodes of one job "
+                                                   "(default: derived from the address and port)")
     p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default runs)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
     p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")
@@ -106,7 +122,9 @@ def config_overrides(args: argparse.Namespace) -> List[str]:
     """Flags become overrides of their config keys, applied after the user's key=value items."""
     overrides = list(args.overrides)
     for flag, key in (("nodes", "nodes"), ("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
-                      ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir")):
+                      ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"),
+                      ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),
+                      ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id")):
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")

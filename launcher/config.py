@@ -58,6 +58,14 @@ class CheckpointConfig:
 @dataclass
 class RendezvousConfig:
     timeout_s: int = 60  # how long a node waits for the others before giving up
+    # Multi-node (launcher/multinode.py). With nodes > 1 and none of these set, all nodes run
+    # on this machine (simulated). node_rank + master_addr/master_port: static rendezvous;
+    # endpoint: torch's c10d rendezvous (nodes may have different worker counts).
+    node_rank: Optional[int] = None  # this machine's node rank in [0, nodes) (static rendezvous)
+    master_addr: Optional[str] = None  # host name or address of node 0 (static rendezvous)
+    master_port: int = 29500  # TCP port on node 0 that the nodes meet on (static rendezvous)
+    endpoint: Optional[str] = None  # HOST:PORT of the c10d rendezvous (any node may host it)
+    id: Optional[str] = None  # rendezvous id; None = derived from the address and port
 
 
 @dataclass
@@ -167,6 +175,9 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.data.batch_size, 1, "data.batch_size")
     _at_least(cfg.data.dataset_size, 1, "data.dataset_size")
     _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
+    from launcher.multinode import validate_rendezvous
+
+    validate_rendezvous(cfg)
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
     _at_least(cfg.checkpoint.every_steps, 0, "checkpoint.every_steps")

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 from launcher.errors import RendezvousError, WorkerFailedError
 from launcher.failures import FailureWatch, failure_reason, rank_log, root_cause
 from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
+from launcher.multinode import rdzv_configs
 from launcher.plan import LaunchPlan
 from launcher.worker import WorkerSpec, run_worker
 
@@ -29,8 +30,12 @@ def preload_for_workers() -> None:
     import trainers.train  # noqa: F401
 
 
-def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
-    """Run this node's agent to completion; returns ({local_rank: result}, restarts)."""
+def run_node(plan: LaunchPlan, config: Dict[str, Any],
+             logs_specs: Optional[RunDirLogsSpecs] = None) -> Tuple[Dict[int, Any], int]:
+    """Run this node's agent to completion; returns ({local_rank: result}, restarts).
+
+    logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -46,11 +51,11 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], 
         run_id=plan.rdzv_id,
         rdzv_backend=plan.rdzv_backend,
         rdzv_endpoint=plan.rdzv_endpoint,
-        rdzv_configs={"join_timeout": plan.rdzv_timeout_s},
+        rdzv_configs=rdzv_configs(plan),
         max_restarts=plan.max_restarts,
         monitor_interval=0.1,
         start_method=plan.start_method,
-        logs_specs=RunDirLogsSpecs(Path(plan.run_dir) / "logs"),
+        logs_specs=logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs"),
         log_line_prefix_template=CONSOLE_PREFIX,
         shutdown_timeout=plan.shutdown_timeout_s,
     )

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
@@ -22,6 +22,8 @@ class RunDirLogsSpecs(LogsSpecs):
     def __init__(self, log_dir: Path) -> None:
         super().__init__(str(log_dir), Std.OUT, Std.OUT, None)
         self._log_dir = log_dir
+        # where this node's workers ran, as the agent assigned it: group_rank, ranks, world_size
+        self.placement: Dict[str, Any] = {}
 
     @property
     def root_log_dir(self) -> str:
@@ -29,6 +31,9 @@ class RunDirLogsSpecs(LogsSpecs):
 
     def reify(self, envs: Dict[int, Dict[str, str]]) -> LogsDest:
         stdouts, stderrs, tees, errors = {}, {}, {}, {}
+        first = next(iter(envs.values()), {})
+        self.placement = {"group_rank": int(first.get("GROUP_RANK", 0)), "world_size": int(first.get("WORLD_SIZE", 0)),
+                          "ranks": sorted(int(env["RANK"]) for env in envs.values())}
         for local_rank, env in envs.items():
             rank, attempt = env["RANK"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
             suffix = "" if attempt == 0 else f".attempt-{attempt}"

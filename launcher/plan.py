@@ -52,7 +52,8 @@ class LaunchPlan:
     agent_env: Dict[str, str] = field(default_factory=dict)
     notices: Tuple[str, ...] = ()
     shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
-
+    mode: str = "single"  # single | simulated | static | c10d (launcher.multinode)
+    node_rank: Optional[int] = None  # this node's rank where known before the rendezvous (static)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,8 +82,13 @@ def choose_start_method(cfg: Config, hw: Hardware) -> Tuple[str, str]:
     return "fork", "workers forked from the warm agent (torch already imported)"
 
 
-def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str) -> LaunchPlan:
-    """Turn a validated config and the detected hardware into a launch plan."""
+def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: int = 0) -> LaunchPlan:
+    """Turn a validated config and the detected hardware into a launch plan.
+
+    free_port: a TCP port the caller found free, for the nodes of a simulated multi-node job to meet on.
+    """
+    from launcher.multinode import rendezvous_fields
+
     notices = []
     if hw.cuda_devices > 0:
         if cfg.gpus > hw.cuda_devices:
@@ -102,12 +108,10 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str) -> LaunchPl
         run_dir=run_dir,
         nodes=cfg.nodes,
         workers_per_node=cfg.gpus,
-        world_size=cfg.nodes * cfg.gpus,
+        world_size=cfg.nodes * cfg.gpus,  # with c10d, nodes may differ: summary.json has the real one
         device_type=device_type,
         backend=backend,
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        rdzv_id=run_id,
+        **rendezvous_fields(cfg, run_id, free_port),
         rdzv_timeout_s=cfg.rdzv.timeout_s,
         start_method=start_method,
         start_method_reason=why,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 
 import time
@@ -62,18 +63,30 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     if args.show_config:
         print(to_yaml(cfg), end="")
         return 0
-    run_id = cfg.run_id or new_run_id()
+    from launcher import simulate
+    from launcher.multinode import launch_mode, shared_run_id
+
+    run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
     run_dir = str(Path(cfg.output_dir).resolve() / run_id)
-    plan = build_plan(cfg, detect_hardware(), run_id, run_dir)
+    mode = launch_mode(cfg)
+    plan = build_plan(cfg, detect_hardware(), run_id, run_dir, simulate.pick_port() if mode == "simulated" else 0)
     if args.dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
         return 0
+    simulate.check_before_start(plan)
     create_run_dir(cfg.output_dir, run_id)
-    return execute(cfg, plan, started)
+    if mode == "simulated":
+        return simulate.run_simulated(cfg, plan, started)
+    return execute(cfg, plan, started, node=simulate.session_for(plan))
 
 
-def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
-    from launcher.local import first_result, run_node
+def execute(cfg: Config, plan: LaunchPlan, started: float, node: Any = None) -> int:
+    """Run this machine's part of the job. node: a launcher.node.NodeSession for one node of a multi-node job."""
+    prepare_run_dir(cfg, plan, started)
+    return run_and_summarize(cfg, plan, started, node)
+
+
+def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Logger:
     from launcher.logs import setup_launcher_logging
 
     run_dir = Path(plan.run_dir)
@@ -87,6 +100,16 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
     log.info(f"run {plan.run_id}: {plan.world_size} workers ({plan.nodes} node x {plan.workers_per_node}), "
              f"{plan.backend}, start method {plan.start_method}; run directory {run_dir}")
     os.environ["LAUNCHER_START_TIME"] = repr(started)
+    return log
+
+
+def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, node: Any = None) -> int:
+    """Execute the plan on this machine and write summary.json (on a multi-node job: where node says)."""
+    from launcher.local import first_result, run_node
+
+    run_dir = Path(plan.run_dir)
+    log = logging.getLogger("launcher")
+    finish = node.finish if node is not None else _finish
     base: Dict[str, Any] = {
         "run_id": plan.run_id, "world_size": plan.world_size, "nodes": plan.nodes,
         "gpus_per_node": plan.workers_per_node, "backend": plan.backend, "device_type": plan.device_type,
@@ -95,23 +118,23 @@ def execute(cfg: Config, plan: LaunchPlan, started: float) -> int:
         "script": cfg.script.path, "restarts": 0,
     }
     try:
-        results, restarts = run_node(plan, to_dict(cfg))
+        results, restarts = (node.run if node is not None else run_node)(plan, to_dict(cfg))
     except LauncherError as e:
-        _finish(run_dir, base, None, "failed", started, error=str(e),
-                restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
+        finish(run_dir, base, None, "failed", started, error=str(e),
+               restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
         raise
     except KeyboardInterrupt:
-        _finish(run_dir, base, None, "interrupted", started)
+        finish(run_dir, base, None, "interrupted", started)
         log.info(f"interrupted; run directory {run_dir}")
         return 130
     except BaseException as e:
         signum = getattr(e, "sigval", None)
         if signum is None:
             raise
-        _finish(run_dir, base, None, "interrupted", started)
+        finish(run_dir, base, None, "interrupted", started)
         log.info(f"stopped by signal {signum}; run directory {run_dir}")
         return 128 + int(signum)
-    summary = _finish(run_dir, base, first_result(results), "completed", started, restarts=restarts)
+    summary = finish(run_dir, base, first_result(results), "completed", started, restarts=restarts)
     log.info(one_line_summary(summary, run_dir))
     return 0
 
