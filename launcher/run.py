@@ -63,6 +63,18 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     if args.show_config:
         print(to_yaml(cfg), end="")
         return 0
+    from launcher.slurm_job import adopt_allocation, should_submit
+
+    cfg = adopt_allocation(cfg)  # inside a SLURM job step: its nodes, node rank and node 0
+    if should_submit(cfg):
+        from launcher.slurm_submit import submit
+
+        return submit(cfg, dry_run=args.dry_run, wait=getattr(args, "wait", False))
+    return launch(cfg, args.dry_run, started)
+
+
+def launch(cfg: Config, dry_run: bool, started: float) -> int:
+    """Run a resolved config on this machine (one node of a multi-node job, or all of a simulated one)."""
     from launcher import simulate
     from launcher.multinode import launch_mode, shared_run_id
 
@@ -70,7 +82,7 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     run_dir = str(Path(cfg.output_dir).resolve() / run_id)
     mode = launch_mode(cfg)
     plan = build_plan(cfg, detect_hardware(), run_id, run_dir, simulate.pick_port() if mode == "simulated" else 0)
-    if args.dry_run:
+    if dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
         return 0
     simulate.check_before_start(plan)

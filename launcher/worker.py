@@ -25,6 +25,10 @@ class WorkerSpec:
 def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
+    # SLURM's warning signal reaches every process of the step. A forked worker would run the
+    # agent's handler (submitit's requeue); the trainer installs its own (trainers.stop), and a
+    # user script may too: until then it must not kill the worker.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     _merge_stderr_into_stdout()
     _apply_thread_count()
     try:
