@@ -81,7 +81,8 @@ class SlurmConfig:
     """How a --cluster slurm job is submitted (launcher/slurm_submit.py): one task per node."""
 
     partition: Optional[str] = None  # sbatch --partition; None = the cluster's default
-    time_min: int = 60  # time limit in minutes; the job is warned (USR2) 90 s before and requeues
+    time_min: int = 60  # time limit in minutes; the job is warned (USR2) signal_delay_s before it and requeues
+    signal_delay_s: int = 90  # how long before the time limit SLURM sends USR2 (checkpoint, then requeue)
     account: Optional[str] = None  # sbatch --account
     qos: Optional[str] = None  # sbatch --qos
     constraint: Optional[str] = None  # sbatch --constraint, e.g. a100
@@ -217,6 +218,7 @@ def validate(cfg: Config) -> None:
     _one_of(cfg.slurm.gpus, ("auto", "always", "never"), "slurm.gpus")
     _at_least(cfg.slurm.time_min, 1, "slurm.time_min")
     _at_least(cfg.slurm.cpus_per_task, 0, "slurm.cpus_per_task")
+    _at_least(cfg.slurm.signal_delay_s, 1, "slurm.signal_delay_s")
     _at_least(cfg.slurm.max_requeues, 0, "slurm.max_requeues")
     world = cfg.nodes * cfg.gpus
     if cfg.data.batch_size * world > cfg.data.dataset_size:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.config import Config, ScriptConfig, load_config, to_dict, to_yaml, validate
-from launcher.errors import LauncherError, WorkerFailedError
+from launcher.errors import ConfigError, LauncherError, WorkerFailedError
 from launcher.plan import Hardware, LaunchPlan, build_plan, new_run_id
 from launcher.rundir import build_summary, create_run_dir, write_atomic, write_json
 
@@ -66,6 +66,8 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     from launcher.slurm_job import adopt_allocation, should_submit
 
     cfg = adopt_allocation(cfg)  # inside a SLURM job step: its nodes, node rank and node 0
+    if getattr(args, "wait", False) and not should_submit(cfg):
+        raise ConfigError("--wait follows a submitted SLURM job: add --cluster slurm (a local run always waits)")
     if should_submit(cfg):
         from launcher.slurm_submit import submit
 

@@ -6,11 +6,12 @@ SLURM's client commands after submission.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple, Union
 
 from launcher.errors import ConfigError, LaunchError
 from launcher.rundir import read_json
@@ -19,6 +20,22 @@ JOB_FILE = "job.json"
 # sacct states after which the job will not run again (REQUEUED and PREEMPTED may run again).
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 EXIT_CODES = {"COMPLETED": 0, "CANCELLED": 130}  # anything else final: 1
+
+
+def parse_run_args(command: str, description: str, argv: List[str],
+                   more: Optional[Callable[[argparse.ArgumentParser], None]] = None) -> Union[argparse.Namespace, int]:
+    """`python -m launcher COMMAND RUN [--output-dir DIR] ...`: the arguments, or argparse's exit code."""
+    from launcher.cli import OneLineParser
+
+    p = OneLineParser(prog=f"python -m launcher {command}", description=description)
+    p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
+    p.add_argument("--output-dir", default="runs", metavar="DIR", help="where run ids and job ids are looked up (default runs)")
+    if more is not None:
+        more(p)
+    try:
+        return p.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
 
 
 def find_run(run: str, output_dir: str = "runs") -> Tuple[Path, Dict[str, Any]]:

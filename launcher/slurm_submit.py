@@ -21,9 +21,6 @@ from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, write_atomic, write_json
 from launcher.slurm_jobs import JOB_FILE, wait_for_job
 
-SIGNAL_DELAY_S = 90  # USR2 this long before the time limit: time to finish a step and save
-
-
 def partition_has_gpus(partition: Optional[str]) -> bool:
     """Whether the partition's nodes offer gres/gpu (sinfo); False where sinfo cannot say."""
     args = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
@@ -44,7 +41,7 @@ def executor_parameters(cfg: Config, gpus_per_node: int) -> Dict[str, Any]:
         "ntasks_per_node": 1,
         "cpus_per_task": cpus,
         "time": s.time_min,
-        "signal_delay_s": SIGNAL_DELAY_S,
+        "signal_delay_s": s.signal_delay_s,
         "stderr_to_stdout": True,
     }
     optional = {"partition": s.partition, "account": s.account, "qos": s.qos, "constraint": s.constraint,
