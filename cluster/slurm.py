@@ -27,6 +27,7 @@ ENV: Dict[str, str] = {
     "ntasks_per_node": "SLURM_NTASKS_PER_NODE",
     "nodelist": "SLURM_JOB_NODELIST",
     "restart_count": "SLURM_RESTART_COUNT",
+    "cpus_per_task": "SLURM_CPUS_PER_TASK",
 }
 PORT_RANGE = (20000, 60000)  # above the well-known ports, below Linux's default ephemeral range
 _BRACKET = re.compile(r"^(?P<prefix>[^\[]*)\[(?P<ranges>[^\]]+)\](?P<suffix>.*)$")
@@ -82,6 +83,7 @@ class SlurmEnvironment:
     hosts: List[str]
     ntasks: int
     restart_count: int
+    cpus_per_task: int  # 0 = not set (the task may use what the node gives it)
 
     @staticmethod
     def detect(env: Mapping[str, str] = os.environ) -> bool:
@@ -106,6 +108,7 @@ class SlurmEnvironment:
             hosts=hosts,
             ntasks=int(get("ntasks", "1")),
             restart_count=int(get("restart_count", "0") or 0),
+            cpus_per_task=int(get("cpus_per_task", "0") or 0),
         )
 
     @property

@@ -37,6 +37,10 @@ def adopt_allocation(cfg: Config) -> Config:
         raise ConfigError(f"--nodes {cfg.nodes} but this SLURM job has {env.num_nodes} node(s): "
                           f"drop --nodes inside an allocation, or allocate {cfg.nodes} nodes")
     cfg.nodes = env.num_nodes
+    if env.cpus_per_task and not cfg.launcher.omp_threads:
+        # The task owns SLURM_CPUS_PER_TASK CPUs, whatever the affinity mask says (without
+        # task/affinity or cgroups it shows the whole machine): split those among the workers.
+        cfg.launcher.omp_threads = max(1, env.cpus_per_task // cfg.gpus)
     cfg.run_id = cfg.run_id or env.run_id
     if env.num_nodes > 1:
         cfg.rdzv.node_rank = env.node_rank
@@ -66,6 +70,8 @@ class SlurmNodeAgent:
         setup_launcher_logging(None)
         if env.restart_count:
             log.info(f"SLURM job {env.job_id} requeued {env.restart_count} time(s): resuming from the latest checkpoint")
+            if env.node_rank == 0:
+                archive_rank_logs(run_dir, env.restart_count - 1)
         code = launch(cfg, dry_run=False, started=_process_start_time())
         if code != 0:
             raise LaunchError(f"node {env.node_rank} ended with exit code {code}; see {run_dir}/logs")
@@ -111,6 +117,21 @@ def _running(proc: Any) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def archive_rank_logs(run_dir: Path, attempt: int) -> None:
+    """Keep the previous SLURM attempt's rank logs under logs/slurm-attempt-N/ (a new attempt rewrites them).
+
+    Node 0 does it before it starts: no node's workers can start before node 0 is up (rendezvous).
+    """
+    logs = run_dir / "logs"
+    old = sorted(logs.glob("rank-*")) if logs.is_dir() else []
+    if not old:
+        return
+    keep = logs / f"slurm-attempt-{attempt}"
+    keep.mkdir(exist_ok=True)
+    for path in old:
+        path.replace(keep / path.name)
 
 
 def record_requeues(run_dir: Path, env: SlurmEnvironment) -> None:

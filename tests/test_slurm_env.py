@@ -50,6 +50,9 @@ def test_a_job_step_maps_to_the_static_rendezvous():
         cfg = adopt_allocation(load_config(None, ["gpus=2"]))
     assert (cfg.nodes, cfg.rdzv.node_rank, cfg.rdzv.master_addr) == (2, 1, "node1")
     assert cfg.rdzv.master_port == port_for_job("77") and cfg.run_id == "slurm-77"
+    assert cfg.launcher.omp_threads == 0  # SLURM did not say how many CPUs: cores / workers, as locally
+    with mock.patch.dict(os.environ, {**STEP, "SLURM_CPUS_PER_TASK": "8"}, clear=True):
+        assert adopt_allocation(load_config(None, ["gpus=2"])).launcher.omp_threads == 4
 
 
 def test_batch_shell_is_not_a_step_and_plain_runs_ignore_slurm():
