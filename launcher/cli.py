@@ -15,10 +15,13 @@ OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
+    "cancel": "launcher.slurm_cancel",
     "compare": "launcher.compare",
     "doctor": "launcher.doctor",
+    "logs": "launcher.slurm_logs",
     "resume": "launcher.resume",
     "scale": "launcher.scale",
+    "status": "launcher.slurm_status",
 }
 
 EPILOG = """\
@@ -30,6 +33,8 @@ examples:
   python -m launcher --config configs/quick.yaml --dry-run  print the resolved config and plan only
   python -m launcher --show-config                          every config key with its default
   python -m launcher resume runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
+  python -m launcher --cluster slurm --nodes 2 --gpus 4 slurm.partition=gpu slurm.time_min=240
+                                                            submit to SLURM; then: status RUN, logs RUN, cancel RUN
 
   python -m launcher --nodes 2 --gpus 2                     2 nodes simulated on this machine (WORLD_SIZE 4)
   python -m launcher --nodes 2 --gpus 4 --node-rank 0 --master-addr HOST --master-port 29500
@@ -75,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "nodes may run different worker counts (e.g. --gpus 1 on one node, --gpus 2 on another)")
     p.add_argument("--rdzv-id", metavar="ID", help="rendezvous and run id shared by all nodes of one job "
                                                    "(default: derived from the address and port)")
+    p.add_argument("--cluster", choices=("local", "slurm"),
+                   help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*)")
+    p.add_argument("--wait", action="store_true", help="--cluster slurm: block until the job ends, showing rank 0's log")
     p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default runs)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
     p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")
@@ -127,7 +135,7 @@ def config_overrides(args: argparse.Namespace) -> List[str]:
     """Flags become overrides of their config keys, applied after the user's key=value items."""
     overrides = list(args.overrides)
     for flag, key in (("nodes", "nodes"), ("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
-                      ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"),
+                      ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"), ("cluster", "cluster"),
                       ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),
                       ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id")):
         value = getattr(args, flag)

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from launcher.errors import ConfigError
 
@@ -20,6 +20,7 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_STYLES = ("auto", "bar", "lines")
+CLUSTERS = ("local", "slurm")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 _SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
 
@@ -113,6 +114,24 @@ class WatchdogConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """How a --cluster slurm job is submitted (launcher/slurm_submit.py): one task per node."""
+
+    partition: Optional[str] = None  # sbatch --partition; None = the cluster's default
+    time_min: int = 60  # time limit in minutes; the job is warned (USR2) signal_delay_s before it and requeues
+    signal_delay_s: int = 90  # how long before the time limit SLURM sends USR2 (checkpoint, then requeue)
+    account: Optional[str] = None  # sbatch --account
+    qos: Optional[str] = None  # sbatch --qos
+    constraint: Optional[str] = None  # sbatch --constraint, e.g. a100
+    mem: Optional[str] = None  # memory per node, e.g. 64G; None = the partition's default
+    cpus_per_task: int = 0  # CPUs for each node's agent and its workers; 0 = --gpus x launcher.omp_threads (at least --gpus)
+    gpus: str = "auto"  # ask SLURM for --gpus GPUs per node: auto (if the partition has gres/gpu) | always | never
+    job_name: Optional[str] = None  # sbatch --job-name; None = launcher-<run id>
+    max_requeues: int = 3  # preemptions/time limits survived by requeueing (submitit's max_num_timeout)
+    extra: Dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {exclusive: true, reservation: r1}
+
+
+@dataclass
 class WandbConfig:
     mode: str = "offline"  # offline (no key, no network) | online | disabled
     project: str = "launcher"  # W&B project
@@ -145,6 +164,8 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
+    cluster: str = "local"  # local: run here | slurm: submit to SLURM (inside a SLURM job step: use its allocation)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 def resolve_config_path(name: str) -> Path:
@@ -237,6 +258,12 @@ def validate(cfg: Config) -> None:
     _one_of(cfg.metrics.progress, PROGRESS_STYLES, "metrics.progress")
     if cfg.metrics.straggler_fraction <= 0:
         raise ConfigError(f"metrics.straggler_fraction={cfg.metrics.straggler_fraction} must be positive: try 0.2 (20% slower than the median)")
+    _one_of(cfg.cluster, CLUSTERS, "cluster")
+    _one_of(cfg.slurm.gpus, ("auto", "always", "never"), "slurm.gpus")
+    _at_least(cfg.slurm.time_min, 1, "slurm.time_min")
+    _at_least(cfg.slurm.cpus_per_task, 0, "slurm.cpus_per_task")
+    _at_least(cfg.slurm.signal_delay_s, 1, "slurm.signal_delay_s")
+    _at_least(cfg.slurm.max_requeues, 0, "slurm.max_requeues")
     world = cfg.nodes * cfg.gpus
     accum = cfg.trainer.grad_accum_steps  # an optimizer step takes this many batches from one epoch
     if not auto_batch and cfg.data.batch_size * world * max(1, accum) > cfg.data.dataset_size:

@@ -245,6 +245,10 @@ def main(argv: List[str]) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     cfg = load_config(args.config, args.overrides)
+    if args.comm:
+        from launcher.doctor_comm import check_sizes
+
+        check_sizes(args)  # before the checks: a bad size is a one-line error, not a report then an error
     checks = run_checks(cfg)
     print_checks(checks)
     failed = any(c.verdict == FAIL for c in checks)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.errors import ConfigError
 from launcher.config import Config
 from launcher.plan import new_run_id
 
@@ -20,11 +21,16 @@ def default_workers() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def check_sizes(args: argparse.Namespace) -> None:
+    if (args.gpus is not None and args.gpus < 1) or args.nodes < 1:
+        raise ConfigError(f"doctor --comm needs at least 1 node and 1 worker (got --nodes {args.nodes} --gpus {args.gpus}): e.g. --gpus 2")
+
+
 def run_comm_test(args: argparse.Namespace, cfg: Config) -> int:
     """Launch the bandwidth job; print its table. Returns the launcher's exit code (0 = measured)."""
     from launcher.cli import main as launcher_main
 
-    gpus = args.gpus or default_workers()
+    gpus = default_workers() if args.gpus is None else args.gpus
     run_id = cfg.run_id or f"doctor-comm-{new_run_id()}"  # nodes of one test must share it: pass run_id=ID
     run_dir = Path(cfg.output_dir).resolve() / run_id
     out = run_dir / "allreduce.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.config import Config, ScriptConfig, load_config, to_dict, to_yaml, validate
-from launcher.errors import HangError, LauncherError, WorkerFailedError
+from launcher.errors import ConfigError, HangError, LauncherError, WorkerFailedError
 from launcher.plan import Hardware, LaunchPlan, build_plan, new_run_id
 from launcher.rundir import build_summary, create_run_dir, write_atomic, write_json
 
@@ -64,6 +64,20 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     if args.show_config:
         print(to_yaml(cfg), end="")
         return 0
+    from launcher.slurm_job import adopt_allocation, should_submit
+
+    cfg = adopt_allocation(cfg)  # inside a SLURM job step: its nodes, node rank and node 0
+    if getattr(args, "wait", False) and not should_submit(cfg):
+        raise ConfigError("--wait follows a submitted SLURM job: add --cluster slurm (a local run always waits)")
+    if should_submit(cfg):
+        from launcher.slurm_submit import submit
+
+        return submit(cfg, dry_run=args.dry_run, wait=getattr(args, "wait", False))
+    return launch(cfg, args.dry_run, started)
+
+
+def launch(cfg: Config, dry_run: bool, started: float) -> int:
+    """Run a resolved config on this machine (one node of a multi-node job, or all of a simulated one)."""
     from launcher import simulate
     from launcher.node import check_before_start, session_for
     from launcher.multinode import launch_mode, shared_run_id
@@ -72,7 +86,7 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     run_dir = str(Path(cfg.output_dir).resolve() / run_id)
     mode = launch_mode(cfg)
     plan = build_plan(cfg, detect_hardware(), run_id, run_dir, simulate.pick_port() if mode == "simulated" else 0)
-    if args.dry_run:
+    if dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
         return 0
     check_before_start(plan)

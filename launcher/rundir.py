@@ -22,9 +22,10 @@ def create_run_dir(output_dir: str, run_id: str) -> Path:
     run_dir = Path(output_dir) / run_id
     try:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        # a probe of our own: nodes sharing the directory (one box, NFS) create it at the same time
+        fd, probe = tempfile.mkstemp(dir=run_dir, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ConfigError(
             f"output_dir={output_dir} cannot be written ({e.strerror or e}): pick another with output_dir=PATH"

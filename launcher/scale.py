@@ -1,6 +1,6 @@
 """The `scale` command: run the same job at several sizes and report how well it scales.
 
-    python -m launcher scale --gpus 1,2,4 [--nodes 1] [--mode strong|weak] [KEY=VALUE ...]
+    python -m launcher scale --gpus 1,2,4 [--nodes 1,2] [--mode strong|weak] [KEY=VALUE ...]
 
 Each size is an ordinary run (its own run directory under <sweep>/runs/); this module only
 chooses the sizes and batches, then turns the runs' summary.json files into scale.json,
@@ -51,11 +51,7 @@ def parse_sizes(text: str, flag: str) -> List[int]:
 
 def build_points(gpus: List[int], nodes: List[int], mode: str, batch_size: int) -> List[SweepPoint]:
     """Strong: the global batch stays batch_size x the smallest size; weak: batch_size per worker."""
-    if max(nodes) > 1:
-        raise ConfigError(
-            f"--nodes {','.join(map(str, nodes))}: this launcher runs one node per command and cannot start "
-            "multi-node sweeps yet: sweep --gpus with --nodes 1 (or run each multi-node size by hand)"
-        )
+    # --nodes above 1 runs simulated nodes on this machine (launcher.simulate), like `--nodes N` does
     sizes = [(n, g) for n in nodes for g in gpus]
     smallest = min(n * g for n, g in sizes)
     points = []

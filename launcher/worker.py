@@ -28,6 +28,11 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
     _restore_signal_defaults()
+    if "SLURM_JOB_ID" in os.environ:
+        # SLURM's warning signal reaches every process of the step: until the trainer (trainers.stop)
+        # or a user script installs a handler, it must not kill the worker (SIG_DFL would).
+        # Elsewhere a script sees what it would under torchrun.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     _merge_stderr_into_stdout()
     _apply_thread_count()
     _register_heartbeat(spec)

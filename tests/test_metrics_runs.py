@@ -100,7 +100,7 @@ def test_scale_sweep_writes_json_markdown_plot_and_prints_the_table(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["scale", "--gpus", "1,2", "--nodes", "1,2"], "multi-node sweeps"),
+    (["scale", "--gpus", "1,2", "--nodes", "0,1"], "every size must be at least 1"),
     (["scale", "--gpus", "1,3"], "cannot split evenly"),
     (["scale", "--gpus", "x"], "comma-separated"),
     (["--gpus", "1", "metrics.progress=fancy"], "metrics.progress=fancy is not one of"),

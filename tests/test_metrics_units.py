@@ -27,8 +27,8 @@ def test_strong_scaling_keeps_the_global_batch_and_weak_keeps_the_per_worker_bat
     assert [(p.world_size, p.batch_size) for p in weak] == [(1, 32), (2, 32), (4, 32)]
     with pytest.raises(ConfigError, match="cannot split evenly"):
         build_points([1, 3], [1], "strong", 32)
-    with pytest.raises(ConfigError, match="multi-node sweeps"):
-        build_points([1, 2], [1, 2], "weak", 32)
+    nodes = build_points([1, 2], [1, 2], "weak", 32)  # every node count x every worker count
+    assert [(p.nodes, p.gpus, p.world_size) for p in nodes] == [(1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 4)]
     with pytest.raises(ConfigError, match="--gpus 1,2,4"):
         parse_sizes("one,two", "--gpus")
 

@@ -49,6 +49,12 @@ class CommTimer:
 
         return fut.then(done)
 
+    def release(self) -> None:
+        """Drop the process group on the main thread once training is done. Otherwise the last
+        reference may go with a finished future's callback on gloo's own thread, whose destructor
+        then joins itself and aborts the worker ("Resource deadlock avoided")."""
+        self.group = None
+
     def take(self) -> float:
         """Communication seconds since the last call (0 when nothing was sent)."""
         span = (self._last - self._first) if self._first is not None and self._last is not None else 0.0

@@ -20,7 +20,8 @@ from typing import Iterable, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGUSR2: SLURM's warning before a time limit or preemption (submitit's checkpoint signal).
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 REPEAT_WINDOW_S = 2.0  # a signal repeated within this is the same request, not the user insisting
 
 

@@ -134,6 +134,8 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
                 break
         epoch, skip, rng = epoch + 1, 0, None
     figures = job_figures(meter, step - WARMUP_STEPS if step > WARMUP_STEPS else step)
+    if comm is not None:
+        comm.release()
 
     if step_times or start.resumed is None:
         final_loss = _mean_across_ranks(loss.detach(), env.world_size)

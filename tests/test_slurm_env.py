@@ -1,0 +1,108 @@
+"""SLURM without a cluster: node-list parsing, the environment mapping, submission parameters, the dry-run text.
+
+Pure mapping logic only (mock.patch.dict for SLURM's variables); what SLURM does is tested
+against the real dev cluster in test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from cluster.slurm import SlurmEnvironment, parse_nodelist, port_for_job
+from launcher.config import load_config
+from launcher.errors import ConfigError
+from launcher.slurm_job import adopt_allocation, should_submit
+from launcher.slurm_submit import executor_parameters
+from tests.helpers import REPO, run_launcher
+
+GOLDEN = Path(__file__).parent / "golden" / "slurm_dry_run.txt"
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node1", ["node1"]),
+    ("node1,node2", ["node1", "node2"]),
+    ("node[1-3]", ["node1", "node2", "node3"]),
+    ("gpu[01-03,7],cpu5", ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]),
+    ("a[8-10]-ib", ["a8-ib", "a9-ib", "a10-ib"]),
+])
+def test_nodelist_forms(text, hosts):
+    assert parse_nodelist(text) == hosts
+
+
+def test_port_is_the_same_for_a_job_and_differs_between_jobs():
+    assert port_for_job("1234") == port_for_job("1234")
+    assert len({port_for_job(str(j)) for j in range(50)}) > 40
+    assert all(20000 <= port_for_job(str(j)) <= 60000 for j in range(50))
+
+
+STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+        "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "node[1-2]"}
+
+
+def test_a_job_step_maps_to_the_static_rendezvous():
+    with mock.patch.dict(os.environ, STEP, clear=True):
+        assert SlurmEnvironment.detect() and not should_submit(load_config(None, ["cluster=slurm"]))
+        cfg = adopt_allocation(load_config(None, ["gpus=2"]))
+    assert (cfg.nodes, cfg.rdzv.node_rank, cfg.rdzv.master_addr) == (2, 1, "node1")
+    assert cfg.rdzv.master_port == port_for_job("77") and cfg.run_id == "slurm-77"
+    assert cfg.launcher.omp_threads == 0  # SLURM did not say how many CPUs: cores / workers, as locally
+    with mock.patch.dict(os.environ, {**STEP, "SLURM_CPUS_PER_TASK": "8"}, clear=True):
+        assert adopt_allocation(load_config(None, ["gpus=2"])).launcher.omp_threads == 4
+
+
+def test_batch_shell_is_not_a_step_and_plain_runs_ignore_slurm():
+    batch = {k: v for k, v in STEP.items() if k != "SLURM_STEP_ID"}
+    with mock.patch.dict(os.environ, batch, clear=True):
+        assert not SlurmEnvironment.detect()
+        assert should_submit(load_config(None, ["cluster=slurm"]))
+        assert adopt_allocation(load_config(None, [])).rdzv.node_rank is None
+
+
+def test_one_task_per_node_is_required_with_the_fix_named():
+    with mock.patch.dict(os.environ, {**STEP, "SLURM_NTASKS": "4"}, clear=True):
+        with pytest.raises(ConfigError, match="--ntasks-per-node=1"):
+            adopt_allocation(load_config(None, []))
+    with mock.patch.dict(os.environ, STEP, clear=True):
+        with pytest.raises(ConfigError, match="--nodes 3 but this SLURM job has 2"):
+            adopt_allocation(load_config(None, ["nodes=3"]))
+
+
+def test_executor_parameters_one_task_per_node_and_gpus_from_the_flag():
+    cfg = load_config(None, ["nodes=4", "gpus=8", "launcher.omp_threads=4", "slurm.partition=gpu",
+                             "slurm.account=proj", "slurm.mem=64G", "slurm.extra={exclusive: true}"])
+    params = executor_parameters(cfg, gpus_per_node=8)
+    assert params["nodes"] == 4 and params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 8
+    assert params["cpus_per_task"] == 32 and params["partition"] == "gpu" and params["account"] == "proj"
+    assert params["additional_parameters"] == {"exclusive": True} and params["mem"] == "64G"
+    assert "gpus_per_node" not in executor_parameters(cfg, gpus_per_node=0)  # a CPU cluster
+
+
+def test_dry_run_prints_the_sbatch_script_golden(tmp_path):
+    args = ["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "--dry-run", "--output-dir", str(tmp_path),
+            "run_id=golden", "slurm.partition=debug", "slurm.gpus=never", "slurm.time_min=30", "slurm.qos=normal"]
+    result = run_launcher(args, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.split("# resolved config")[0]
+    text = text.replace(str(tmp_path), "<OUTPUT_DIR>").replace(sys.executable, "<PYTHON>")
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text.splitlines() == GOLDEN.read_text().splitlines(), "set UPDATE_GOLDEN=1 to accept a change"
+    assert not (tmp_path / "golden").exists(), "a dry run creates nothing"
+
+
+def test_bad_slurm_values_are_one_line_errors(tmp_path):
+    result = run_launcher(["--cluster", "slurm", "slurm.gpus=maybe", "--dry-run"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "slurm.gpus" in result.stderr and "Traceback" not in result.stderr
+    result = run_launcher(["status", "12345", "--output-dir", str(tmp_path)], cwd=REPO, timeout=60)
+    assert result.returncode == 2 and "no SLURM run '12345'" in result.stderr
+
+
+def test_wait_without_slurm_is_refused(tmp_path):
+    result = run_launcher(["--wait", "--dry-run"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "--wait follows a submitted SLURM job: add --cluster slurm" in result.stderr
