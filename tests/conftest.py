@@ -24,8 +24,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def starts_processes(item: pytest.Item) -> bool:
+        source = getattr(getattr(item, "module", None), "__file__", None)
+        if not source:
+            return False
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+        return any(word in text for word in ("run_launcher", "start_launcher", "subprocess"))
+
     def layer(item: pytest.Item) -> int:
         marks = {m.name for m in item.iter_markers()}
+        if "slow" not in marks and starts_processes(item):
+            marks.add("slow")
         return max((i + 1 for i, name in enumerate(LAYERS) if name in marks), default=0)
 
     items.sort(key=layer)  # stable: file order within a layer

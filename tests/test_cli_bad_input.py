@@ -50,7 +50,7 @@ def cases(run, runs, tmp_path):
         (["resume", str(tmp_path / "notours")], "is not a launcher run directory"),
         (["resume", str(run), "model.hidden=8"], "model.hidden"),
         (["resume", str(run), "trainer.steps=abc"], "trainer.steps"),
-        (["resume", str(run), "trainer.stepz=9"], "unknown config key"),
+        (["resume", str(run), "trainer.stepz=9"], "cannot change on resume"),
         (["status", "99999999", "--output-dir", str(runs)], "pass a run directory, a run id"),
         (["logs", str(tmp_path / "notours")], "pass a run directory, a run id"),
         (["cancel", "does-not-exist", "--output-dir", str(runs)], "pass a run directory, a run id"),
