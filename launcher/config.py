@@ -72,8 +72,8 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 50  # save every N steps (0 = only at the end and on Ctrl-C/SIGTERM)
-    every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off)
+    every_steps: int = 0  # also save every N steps (0 = off; a save of the default model costs ~0.1 s)
+    every_seconds: float = 300.0  # save when this long has passed since the last save (0 = off); always at the end and on Ctrl-C/SIGTERM/preemption
     keep: int = 3  # keep the newest K checkpoints
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     grace_s: float = 8.0  # after Ctrl-C/SIGTERM, how long workers get to checkpoint before being killed
