@@ -6,7 +6,7 @@ import argparse
 import re
 import signal
 import sys
-from typing import Dict, List, NoReturn, Optional, Tuple
+from typing import Callable, Dict, List, NoReturn, Optional, Tuple
 
 from launcher.errors import ConfigError, Interrupted, LauncherError
 
@@ -162,24 +162,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         args, script = parse_args(argv)
     except SystemExit as e:  # argparse printed usage and one line already
         return int(e.code or 0)
-    try:
+
+    def launch() -> int:
         from launcher.run import run
 
         return run(args, config_overrides(args), script_spec(args, script))
-    except LauncherError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt as e:
-        print("interrupted", file=sys.stderr)
-        return 128 + getattr(e, "sigval", signal.SIGINT)
+
+    return with_error_contract(launch)
 
 
 def run_command(name: str, argv: List[str]) -> int:
     """Dispatch a subcommand with the same error contract as a run: one line, exit code."""
     import importlib
 
+    return with_error_contract(lambda: importlib.import_module(COMMANDS[name]).main(argv))
+
+
+def with_error_contract(call: Callable[[], int]) -> int:
+    """User errors and interrupts end in one line and an exit code; only bugs show a traceback."""
     try:
-        return int(importlib.import_module(COMMANDS[name]).main(argv))
+        return int(call())
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
