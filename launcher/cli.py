@@ -182,6 +182,8 @@ def with_error_contract(call: Callable[[], int]) -> int:
     """User errors and interrupts end in one line and an exit code; only bugs show a traceback."""
     try:
         return int(call())
+    except SystemExit as e:  # argparse already printed its one line (or --help)
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

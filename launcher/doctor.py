@@ -240,10 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: List[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args = build_parser().parse_args(argv)  # usage errors: launcher.cli.with_error_contract turns SystemExit into the exit code
     cfg = load_config(args.config, args.overrides)
     if args.comm:
         from launcher.doctor_comm import check_sizes

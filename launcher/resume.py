@@ -50,10 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: List[str]) -> int:
-    try:
-        args = build_parser().parse_intermixed_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args = build_parser().parse_intermixed_args(argv)  # usage errors: launcher.cli.with_error_contract turns SystemExit into the exit code
     run_dir = find_run(args.run, args.output_dir)
     overrides = list(args.overrides) + ([f"launcher.max_restarts={args.max_restarts}"] if args.max_restarts is not None else [])
     check_overrides(overrides)

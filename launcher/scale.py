@@ -85,10 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: List[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args = build_parser().parse_args(argv)  # usage errors: launcher.cli.with_error_contract turns SystemExit into the exit code
     gpus, nodes = parse_sizes(args.gpus, "--gpus"), parse_sizes(args.nodes, "--nodes")
     overrides = list(args.overrides) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
     cfg = load_config(args.config, overrides)
