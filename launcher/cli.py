@@ -6,10 +6,12 @@ import argparse
 import re
 import signal
 import sys
+import time
 from typing import Callable, Dict, List, NoReturn, Optional, Tuple
 
 from launcher.errors import ConfigError, Interrupted, LauncherError
 
+IMPORTED_AT = time.time()  # when the launcher's own code started (launcher.run measures startup from here)
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.

@@ -185,13 +185,20 @@ def one_line_summary(summary: Dict[str, Any], run_dir: Path) -> str:
 
 
 def _process_start_time() -> float:
-    """When the user's command started (this process's creation), so startup time is counted honestly."""
+    """When the user's command started (this process's creation), so startup time is counted honestly.
+
+    A process that a shell exec'd into keeps the shell's creation time (`(pip install ... && python
+    -m launcher)` counted the install), so a creation time far before our first line is not used.
+    """
+    from launcher.cli import IMPORTED_AT
+
     try:
         import psutil
 
-        return psutil.Process().create_time()
+        created = psutil.Process().create_time()
     except Exception:
-        return time.time()
+        return IMPORTED_AT
+    return created if IMPORTED_AT - created < MAX_INTERPRETER_START_S else IMPORTED_AT
 
 
-
+MAX_INTERPRETER_START_S = 5.0  # Python's own start before launcher.cli is imported takes well under this
