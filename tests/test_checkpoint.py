@@ -3,6 +3,7 @@
 One process with a one-rank gloo group; the multi-rank paths run in test_restarts.py.
 """
 
+import json
 import os
 import pickle
 import random
@@ -216,19 +217,49 @@ def _sharded_round_trip(rank, store, ckpt_dir, result_file):
     os._exit(0)
 
 
-def test_sharded_fsdp_model_and_optimizer_resume_exactly(tmp_path):
-    result = tmp_path / "result"
-    code = "import sys; from tests.test_checkpoint import _sharded_round_trip as f; f(int(sys.argv[1]), *sys.argv[2:])"
-    args = [str(tmp_path / "store"), str(tmp_path / "ckpt"), str(result)]
+def _two_ranks(function: str, *args: str, timeout: float = 90) -> None:
+    """Run tests.test_checkpoint.<function>(rank, *args) in two real processes; both must exit 0."""
+    code = f"import sys; from tests.test_checkpoint import {function} as f; f(int(sys.argv[1]), *sys.argv[2:])"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(rank), *args], cwd=REPO, env=launcher_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
     try:
-        outs = [p.communicate(timeout=90)[0] for p in procs]
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
             p.wait()
     assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_sharded_fsdp_model_and_optimizer_resume_exactly(tmp_path):
+    result = tmp_path / "result"
+    _two_ranks("_sharded_round_trip", str(tmp_path / "store"), str(tmp_path / "ckpt"), str(result))
     assert result.read_text() == "3 True"
     shards = sorted(p.name for p in (tmp_path / "ckpt" / "step-00000003").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
+
+
+def _agree_on_a_stop(rank, store, result_file):
+    """Rank 1 asks to stop at step 3 only; every rank must see the agreed stop at the same step."""
+    from trainers.stop import StepSignals
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    signals = StepSignals(2, torch.device("cpu"))
+    seen = []
+    for step in range(1, 7):
+        stop, due = signals.exchange(stop=rank == 1 and step == 3, time_due=rank == 0 and step == 5)
+        seen.append((step, stop, due))
+    signals.settle()
+    ckpt.Path(f"{result_file}.{rank}").write_text(json.dumps(seen))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def test_ranks_agree_on_a_stop_and_a_timed_save_one_step_after_either_rank_asked(tmp_path):
+    result = tmp_path / "seen"
+    _two_ranks("_agree_on_a_stop", str(tmp_path / "store"), str(result), timeout=60)
+    seen = [json.loads(ckpt.Path(f"{result}.{rank}").read_text()) for rank in (0, 1)]
+    assert seen[0] == seen[1]  # the same decision at the same step on both ranks
+    assert [step for step, stop, _ in seen[0] if stop] == [4]  # asked at 3 by rank 1 only
+    assert [step for step, _, due in seen[0] if due] == [6]  # due at 5 on rank 0 only

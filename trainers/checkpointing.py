@@ -68,7 +68,11 @@ class Checkpointer:
         mean_loss is collective too, and called only when saving (it synchronises the device).
         """
         time_due = self._rank == 0 and self._every_s > 0 and time.monotonic() - self._last_at >= self._every_s
+        if time_due:
+            self._last_at = time.monotonic()  # asked once: the agreed answer comes back a step later
         stop, time_due = self._signals.exchange(STOP.requested, time_due)
+        if stop or last:
+            self._signals.settle()  # the loop ends here: nothing may stay in flight
         step_due = self._every_steps > 0 and step % self._every_steps == 0
         if stop or time_due or step_due or last:
             self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id()))
