@@ -122,3 +122,14 @@ def test_speedup_without_an_accelerator_reports_the_cpu_alone(tmp_path):
                                         text=True, timeout=120).stdout)
     assert figures["accelerators"] == 0 and figures["results"][0]["device"] == "cpu"
     assert figures["results"][0]["samples_per_s"] > 0 and figures["results"][0]["speedup_vs_cpu"] == 1.0
+
+
+def test_the_gradient_norm_read_at_log_steps_is_the_one_clipping_computes_every_step(tmp_path_factory):
+    """Without clipping the norm is computed only when logged; a clip threshold nothing reaches computes it
+    every step and must log the same norms and train to the same parameters."""
+    lazy = train(tmp_path_factory, *MLP, "trainer.log_every=2")
+    eager = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.max_grad_norm=1e9")
+    assert [m["grad_norm"] for m in lazy[1]] == pytest.approx([m["grad_norm"] for m in eager[1]], rel=1e-6)
+    assert all(m["grad_norm"] > 0 for m in lazy[1])
+    assert lazy[0]["grad_norm_first"] == pytest.approx(eager[0]["grad_norm_first"], rel=1e-6)
+    assert lazy[0]["param_checksum"] == eager[0]["param_checksum"]

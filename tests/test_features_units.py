@@ -79,7 +79,7 @@ def test_clip_grad_norm_matches_torch_on_one_process():
     x = torch.randn(16, 8)
     for m in (a, b):
         (m(x) ** 2).sum().backward()
-    ours = clip_grad_norm(a, 0.5)
+    ours = float(clip_grad_norm(a, 0.5))
     reference = float(torch.nn.utils.clip_grad_norm_(b.parameters(), 0.5))
     assert ours == pytest.approx(reference, rel=1e-6)
     for p, q in zip(a.parameters(), b.parameters()):

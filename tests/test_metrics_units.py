@@ -1,11 +1,15 @@
 """Pure units of the metrics, MFU, progress and scaling-report logic."""
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
 from launcher.errors import ConfigError
+from tests.helpers import REPO, launcher_env
 from launcher.scale import build_points, capacity_notice, parse_sizes
 from launcher.scale_report import render_markdown, render_plot, scaling_efficiency, scaling_rows
 from trainers.metrics import count_tokens, stragglers
@@ -99,3 +103,22 @@ def test_mfu_on_gpu_is_a_percentage():
     count.finish()
     figures = mfu_figures(count, 0.01, torch.device("cuda"))
     assert "mfu_note" in figures or 0 <= figures["mfu_percent"] <= 100
+
+
+def test_peak_rss_is_the_kernels_high_water_mark_and_catches_a_peak_between_samples():
+    """A 400 MB tensor freed again before anyone looks: sampling the RSS would miss it, the peak does not."""
+    code = textwrap.dedent("""
+        import torch
+        from trainers.footprint import PeakMemory, rss_peak_bytes
+        memory = PeakMemory(torch.device("cpu"))
+        before = memory.peak_bytes()
+        x = torch.ones(100 * 1024 * 1024)  # 400 MB, touched
+        del x
+        print(before, memory.peak_bytes(), rss_peak_bytes())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=launcher_env(), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    before, after, again = (int(v) for v in out.stdout.split())
+    assert after - before >= 380 * 1024 * 1024
+    assert again == after

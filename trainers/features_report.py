@@ -4,7 +4,7 @@ norm, precision, accumulation, compile time and loader settings."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -16,18 +16,26 @@ class FeatureTimes:
 
     def __init__(self) -> None:
         self.data_wait_s: List[float] = []
-        self.grad_norms: List[float] = []
+        self.grad_norm_first: Optional[float] = None
+        self._grad_norm_last: Any = None  # a device tensor, read only when reported
         self.output_dtype: Any = None
 
     def add(self, result: Any) -> None:
         self.data_wait_s.append(result.data_wait_s)
-        self.grad_norms.append(result.grad_norm)
+        if result.grad_norm is not None:
+            if self.grad_norm_first is None:
+                self.grad_norm_first = float(result.grad_norm)
+            self._grad_norm_last = result.grad_norm
         self.output_dtype = result.output_dtype or self.output_dtype
+
+    @property
+    def grad_norm_last(self) -> Optional[float]:
+        return float(self._grad_norm_last) if self._grad_norm_last is not None else None
 
     def window(self, steps: int, precision: Any) -> Dict[str, Any]:
         """Means over the steps since the last logged line."""
         waits = self.data_wait_s[-steps:]
-        figures: Dict[str, Any] = {"data_wait_s": sum(waits) / len(waits), "grad_norm": self.grad_norms[-1]}
+        figures: Dict[str, Any] = {"data_wait_s": sum(waits) / len(waits), "grad_norm": self.grad_norm_last}
         if precision.loss_scale() is not None:
             figures["loss_scale"] = precision.loss_scale()
         return figures
@@ -61,8 +69,8 @@ def feature_summary(cfg: Any, layout: Any, precision: Any, times: FeatureTimes, 
         "compile_time_s": max(0.0, first - steady_median) if cfg.trainer.compile and first is not None else None,
         "compiled_graphs": _compiled_graphs() if cfg.trainer.compile else None,
         "max_grad_norm": cfg.trainer.max_grad_norm,
-        "grad_norm_first": times.grad_norms[0] if times.grad_norms else None,
-        "grad_norm_last": times.grad_norms[-1] if times.grad_norms else None,
+        "grad_norm_first": times.grad_norm_first,
+        "grad_norm_last": times.grad_norm_last,
         "data_wait_s_median": statistics.median(waits) if waits else None,
         "data_wait_share": sum(waits) / sum(step_times) if step_times and sum(step_times) > 0 else None,
         "loader_num_workers": settings["num_workers"],

@@ -12,6 +12,8 @@ is a lower bound of the true peak; ``data.max_memory_gb`` caps that estimate.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
@@ -26,11 +28,16 @@ class OutOfMemory(RuntimeError):
     """A rank ran out of device memory; the message says where and what to change."""
 
 
-def memory_stats(device: torch.device) -> Dict[str, int]:
-    """This process's memory now: RSS everywhere, and the CUDA allocator's figures on a GPU."""
+@functools.lru_cache(maxsize=4)
+def _process(pid: int) -> Any:
     import psutil
 
-    stats = {"rss_bytes": int(psutil.Process().memory_info().rss)}
+    return psutil.Process(pid)  # made once per process (keyed by pid: forked workers get their own)
+
+
+def memory_stats(device: torch.device) -> Dict[str, int]:
+    """This process's memory now: RSS everywhere, and the CUDA allocator's figures on a GPU."""
+    stats = {"rss_bytes": int(_process(os.getpid()).memory_info().rss)}
     if device.type == "cuda":
         stats.update({
             "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device)),

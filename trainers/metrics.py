@@ -6,75 +6,55 @@ ranks, and rank 0's loggers report the job-wide view: means, the slowest rank, p
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from trainers.footprint import rss_peak_bytes
 from trainers.mfu import FlopCount, mfu_figures
 
-# Per-rank figures gathered at each log step, in this order.
+# Per-rank figures gathered at each log step, in this order (only the loss when not detailed).
 PHASES = ("data", "forward", "backward", "optimizer")
-GATHERED = ("step", *PHASES, "comm", "rss_mb", "cpu_percent", "cuda_peak_mb")
+GATHERED = ("loss", "step", *PHASES, "comm", "rss_mb", "cpu_percent", "cuda_peak_mb")
 MB = 1024.0 * 1024.0
 
 
 class CommTimer:
-    """A DDP communication hook that averages gradients exactly like DDP's built-in all-reduce and
-    records when each bucket's all-reduce starts and completes.
+    """DDP's gradient all-reduce time per step, from DDP's own runtime statistics.
 
-    The reported communication time is the span from the first bucket's launch to the last
-    bucket's completion in a step: with buckets overlapping backward, that is the wall time the
-    network was busy, never more than the step.
+    DDP's reducer records, in C++, when the first bucket's all-reduce starts and when the last one
+    completes (CPU clocks, or CUDA events on GPU); sampling every iteration costs nothing measurable.
+    A Python communication hook measured the same span but cost 3-6% of a small model's step on
+    2 cores (bench/step_costs.py): its callbacks run for every bucket and contend for the GIL.
+    The reducer publishes an iteration's figures at the next forward, so each reading is the
+    previous step's: window and job means are over the steps read.
     """
 
-    def __init__(self, world_size: int, group: Optional[Any] = None) -> None:
-        self.world_size = world_size
-        self.group = group
-        self._first: Optional[float] = None
-        self._last: Optional[float] = None
+    def __init__(self, model: Any) -> None:
+        model._set_ddp_runtime_logging_sample_rate(1)
+        self._logger = model.logger
+        self._iteration = -1
 
-    def all_reduce_mean(self, tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
-        """Average tensor across ranks (sum of tensor / world), timed; returns a future of it."""
-        start = time.perf_counter()
-        if self._first is None:
-            self._first = start
-        tensor.div_(self.world_size)  # the same arithmetic as DDP's default hook
-        fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
-
-        def done(f: "torch.futures.Future[List[torch.Tensor]]") -> torch.Tensor:
-            self._last = time.perf_counter()
-            return f.value()[0]
-
-        return fut.then(done)
-
-    def release(self) -> None:
-        """Drop the process group on the main thread once training is done. Otherwise the last
-        reference may go with a finished future's callback on gloo's own thread, whose destructor
-        then joins itself and aborts the worker ("Resource deadlock avoided")."""
-        self.group = None
-
-    def take(self) -> float:
-        """Communication seconds since the last call (0 when nothing was sent)."""
-        span = (self._last - self._first) if self._first is not None and self._last is not None else 0.0
-        self._first = self._last = None
-        return max(0.0, span)
-
-
-def _timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
-    return state.all_reduce_mean(bucket.buffer())
+    def take(self) -> Optional[float]:
+        """Seconds the newest recorded step spent in its gradient all-reduce; None when none is new."""
+        data = self._logger._get_ddp_logging_data().ints_map
+        iteration = data.get("iteration", -1)
+        if iteration == self._iteration:
+            return None
+        self._iteration = iteration
+        return max(0, data.get("backward_comm_time", 0)) / 1e9
 
 
 def attach_comm_timer(model: torch.nn.Module, world_size: int) -> Optional[CommTimer]:
-    """Time DDP's gradient all-reduce with a comm hook; None for models that are not DDP."""
+    """Time DDP's gradient all-reduce; None for models that are not DDP (their share is unknown)."""
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(model, DistributedDataParallel) or world_size < 2:
         return None
-    timer = CommTimer(world_size, model.process_group)
-    model.register_comm_hook(timer, _timed_allreduce_hook)
-    return timer
+    return CommTimer(model)
 
 
 def count_tokens(x: Any) -> Optional[int]:
@@ -99,13 +79,14 @@ class StepMeter:
         self._window: Dict[str, float] = {}
         self._window_steps = 0
         self.totals: Dict[str, float] = {name: 0.0 for name in ("step", *PHASES, "comm")}
-        self._rss_peak = 0.0
+        self.comm_steps = 0  # steps whose communication time was read (CommTimer reads lag a step)
         self._last_end: Optional[float] = None
         self._mark = 0.0
         self.samples = 0
         self.tokens: Optional[int] = None
         self.steady_from = self.steady_until = time.perf_counter()
         self.steady_steps = 0
+        self.overhead_s = 0.0  # seconds spent measuring and logging in the steady state (measuring())
         self.flops = FlopCount(enabled=detailed and self._cuda)
         self._reset_window()
         if detailed:
@@ -117,7 +98,7 @@ class StepMeter:
 
     def _reset_window(self) -> None:
         self._window = {name: 0.0 for name in ("step", *PHASES, "comm")}
-        self._window_steps = 0
+        self._window_steps = self._window_comm_steps = 0
 
     def start(self, x: Any, samples: int) -> None:
         if not self.detailed:
@@ -128,6 +109,7 @@ class StepMeter:
         self._step_start = now if self._last_end is None else self._last_end
         self._mark = now
         self.flops.begin()
+        self.overhead_s += time.perf_counter() - now
 
     def phase(self, name: str) -> None:
         if not self.detailed:
@@ -136,7 +118,8 @@ class StepMeter:
             self.flops.finish()
         now = self._now()
         self._step[name] = self._step.get(name, 0.0) + now - self._mark
-        self._mark = now
+        self._mark = time.perf_counter()
+        self.overhead_s += self._mark - now
 
     def end(self, counted: bool = True) -> None:
         """Close the step; counted=False leaves it out of the job totals (warm-up steps)."""
@@ -146,60 +129,90 @@ class StepMeter:
             self.steady_steps += 1
             self.steady_until = now
         else:
-            self.steady_from, self.steady_steps = now, 0
+            self.steady_from, self.steady_steps, self.overhead_s = now, 0, 0.0
         if not self.detailed:
             return
         self._step["step"] = now - self._step_start
-        self._step["comm"] = self.comm.take() if self.comm else 0.0
         for name, value in self._step.items():
             self._window[name] += value
             if counted:
                 self.totals[name] += value
         self._window_steps += 1
-        self._last_end = now
+        comm = self.comm.take() if self.comm else None
+        if comm is not None:
+            self._window["comm"] += comm
+            self._window_comm_steps += 1
+            if counted:
+                self.totals["comm"] += comm
+                self.comm_steps += 1
+        self._last_end = time.perf_counter()
+        self.overhead_s += self._last_end - now
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[None]:
+        """Count the time inside as measuring and logging overhead (a log step's gather and loggers)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.overhead_s += time.perf_counter() - t0
 
     def _now(self) -> float:
         if self._cuda:
             torch.cuda.synchronize(self.device)  # phase times on GPU need the queued work finished
         return time.perf_counter()
 
-    def gather(self) -> Optional[torch.Tensor]:
-        """Every rank's window means as a [world, len(GATHERED)] tensor (a collective: call on all ranks)."""
+    def gather(self, loss: float = float("nan")) -> Gathered:
+        """Every rank's loss and window means as [world, len(GATHERED)] rows, or just the losses
+        ([world, 1]) when not detailed: one asynchronous collective per log step (call it on all
+        ranks); the training loop reads the rows a step later, so no rank waits for the others."""
+        row = [loss]
         if not self.detailed:
-            return None
+            return Gathered(torch.tensor(row, dtype=torch.float64, device=self.device), self.world_size)
         steps = max(1, self._window_steps)
-        self._rss_peak = max(self._rss_peak, self._process.memory_info().rss / MB)
+        self._window["comm"] *= steps / max(1, self._window_comm_steps)  # a mean over the steps read
+        rss_peak = rss_peak_bytes(self._process) / MB
         cuda_peak = torch.cuda.max_memory_allocated(self.device) / MB if self._cuda else 0.0
         cpu = float(self._psutil.cpu_percent(interval=None))
-        row = [self._window[k] / steps for k in ("step", *PHASES, "comm")] + [self._rss_peak, cpu, cuda_peak]
+        row += [self._window[k] / steps for k in ("step", *PHASES, "comm")] + [rss_peak, cpu, cuda_peak]
         self._reset_window()
-        rows = gather_rows(row, self.world_size, self.device)
+        gathered = Gathered(torch.tensor(row, dtype=torch.float64, device=self.device), self.world_size)
         self._last_end = self._now()  # logging time is not the next step's data wait
-        return rows
+        return gathered
+
+
+class Gathered:
+    """An all_gather of one float row per rank, in flight; ``rows()`` waits for it."""
+
+    def __init__(self, local: torch.Tensor, world_size: int) -> None:
+        self._parts = [local] if world_size == 1 else [torch.zeros_like(local) for _ in range(world_size)]
+        self._work = None if world_size == 1 else dist.all_gather(self._parts, local, async_op=True)
+
+    def rows(self) -> torch.Tensor:
+        """[world, len(row)] on the CPU."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return torch.stack(self._parts).cpu()
 
 
 def gather_rows(row: List[float], world_size: int, device: torch.device) -> torch.Tensor:
     """all_gather one float row per rank into a [world, len(row)] CPU tensor (a collective)."""
-    local = torch.tensor(row, dtype=torch.float64, device=device)
-    if world_size == 1:
-        return local.reshape(1, -1).cpu()
-    rows = [torch.zeros_like(local) for _ in range(world_size)]
-    dist.all_gather(rows, local)
-    return torch.stack(rows).cpu()
+    return Gathered(torch.tensor(row, dtype=torch.float64, device=device), world_size).rows()
 
 
 def window_metrics(rows: torch.Tensor, straggler_fraction: float, samples_per_s: float,
                    meter: StepMeter) -> Dict[str, Any]:
     """Rank 0's view of one logging window: phase means over ranks, peaks, the slowest rank."""
-    col = {name: rows[:, i] for i, name in enumerate(GATHERED)}
-    step_mean = float(col["step"].mean())
-    out: Dict[str, Any] = {f"time_{name}_s": float(col[name].mean()) for name in (*PHASES, "comm")}
+    col = dict(zip(GATHERED, zip(*rows.tolist())))  # plain floats: a handful of ranks, no tensor ops needed
+    step_mean = sum(col["step"]) / len(col["step"])
+    out: Dict[str, Any] = {f"time_{name}_s": sum(col[name]) / len(col[name]) for name in (*PHASES, "comm")}
     out["comm_share"] = out["time_comm_s"] / step_mean if step_mean > 0 else 0.0
-    out["rss_peak_mb"] = float(col["rss_mb"].max())
-    out["cpu_percent"] = float(col["cpu_percent"].max())
+    out["rss_peak_mb"] = max(col["rss_mb"])
+    out["cpu_percent"] = max(col["cpu_percent"])
     if meter.device.type == "cuda":
-        out["cuda_peak_mb"] = float(col["cuda_peak_mb"].max())
-    out.update(stragglers([float(t) for t in col["step"]], straggler_fraction))
+        out["cuda_peak_mb"] = max(col["cuda_peak_mb"])
+    out.update(stragglers(list(col["step"]), straggler_fraction))
     if meter.tokens and meter.samples:
         out["tokens_per_s"] = samples_per_s * meter.tokens / meter.samples
     out.update(mfu_figures(meter.flops, step_mean, meter.device))
@@ -218,6 +231,12 @@ def stragglers(step_times: List[float], fraction: float) -> Dict[str, Any]:
     return out
 
 
+def overhead_share(meter: StepMeter) -> Optional[float]:
+    """Steady-state time spent measuring and logging, as a share of the steady wall time."""
+    wall = meter.steady_until - meter.steady_from
+    return meter.overhead_s / wall if meter.steady_steps and wall > 0 else None
+
+
 def steady_wall_s(meter: StepMeter) -> Optional[float]:
     """Seconds per step after warm-up by the wall clock, logging and metrics included."""
     if meter.steady_steps == 0:
@@ -227,16 +246,17 @@ def steady_wall_s(meter: StepMeter) -> Optional[float]:
 
 def job_figures(meter: StepMeter, counted_steps: int) -> Dict[str, Any]:
     """Job-wide figures over the steady-state steps for rank 0's result (a collective: call on all ranks)."""
-    wall = {"step_time_s_wall": steady_wall_s(meter)}
+    share = gather_rows([overhead_share(meter) or 0.0], meter.world_size, meter.device)
+    wall = {"step_time_s_wall": steady_wall_s(meter), "metrics_overhead_share": float(share.max())}  # the slowest rank's
     if not meter.detailed:
         return {**wall, "metrics_note": "metrics.detailed=false: phase times, memory and CPU were not measured"}
-    rows = meter.gather()
-    assert rows is not None
+    rows = meter.gather().rows()
     n = max(1, counted_steps)
-    per_step = {name: meter.totals[name] / n for name in ("step", *PHASES, "comm")}
+    per_step = {name: meter.totals[name] / n for name in ("step", *PHASES)}
+    per_step["comm"] = meter.totals["comm"] / max(1, meter.comm_steps)
     means = gather_rows([per_step[k] for k in ("step", *PHASES, "comm")], meter.world_size, meter.device).mean(dim=0)
     out: Dict[str, Any] = {f"time_{name}_s": float(means[i + 1]) for i, name in enumerate((*PHASES, "comm"))}
-    # only DDP's gradient all-reduce is timed (its comm hook); elsewhere the share is unknown, not zero
+    # only DDP's gradient all-reduce is timed (CommTimer); elsewhere the share is unknown, not zero
     out["comm_share"] = float(means[-1] / means[0]) if meter.comm is not None and float(means[0]) > 0 else None
     out["rss_peak_mb"] = float(rows[:, GATHERED.index("rss_mb")].max())
     if meter.device.type == "cuda":

@@ -27,7 +27,7 @@ Batch = Tuple[torch.Tensor, torch.Tensor]
 @dataclass
 class StepResult:
     loss: torch.Tensor  # mean loss over the micro-batches (detached)
-    grad_norm: float  # global gradient norm before clipping
+    grad_norm: Optional[torch.Tensor]  # global gradient norm before clipping (0-d, on the device); None when not clipping
     data_wait_s: float  # time spent waiting for batches and copying them to the device
     output_dtype: Optional[torch.dtype]  # dtype of the model's output (bf16/fp16 under autocast)
 
@@ -81,32 +81,45 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_bat
             phase("backward")
             losses.append(loss.detach())
     precision.unscale(optimizer)
-    norm = clip_grad_norm(model, max_grad_norm)
+    norm = clip_grad_norm(model, max_grad_norm) if max_grad_norm > 0 else None  # else read at log steps only
     precision.step(optimizer)
     phase("optimizer")
     return StepResult(torch.stack(losses).mean(), norm, wait, out_dtype)
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """The global L2 norm of all gradients, clipped to max_norm when it is positive.
+def grad_norm(model: nn.Module) -> torch.Tensor:
+    """The global L2 norm of all gradients, as a 0-d float32 tensor on their device.
 
     Sharded gradients (DTensors under FSDP and tensor parallel) contribute their full norm
     (a collective), replicated ones count once, and pipeline stages add theirs across the
-    pipeline, so every strategy reports the norm a single process would.
+    pipeline, so every strategy reports the norm a single process would. With sharded or
+    pipelined models it is a collective: call it on every rank at the same step.
     """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     squares = []
     for g in grads:
-        n = torch.linalg.vector_norm(g, dtype=torch.float32)
-        squares.append((n.full_tensor() if hasattr(n, "full_tensor") else n).detach() ** 2)
+        if hasattr(g, "full_tensor"):  # DTensor: its norm needs the other shards (a collective)
+            squares.append(torch.linalg.vector_norm(g, dtype=torch.float32).full_tensor().detach() ** 2)
+        else:  # a dot product: on CPU 10x faster than vector_norm when squares underflow to denormals
+            flat = g.detach().reshape(-1).float()
+            squares.append(torch.dot(flat, flat))
     device = grads[0].device if grads else torch.device("cpu")
     total_sq = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
     pp_group = getattr(model, "pp_group", None)
     if pp_group is not None and getattr(model, "stages", 1) > 1:
         dist.all_reduce(total_sq, group=pp_group)
-    norm = float(total_sq.sqrt())
-    if max_norm > 0 and norm > max_norm:
-        coef = max_norm / (norm + 1e-6)
-        for g in grads:
-            g.mul_(coef)
+    return total_sq.sqrt()
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale all gradients so that their global norm is at most max_norm; returns the norm before.
+
+    The factor is clamped on the device, as torch's clip_grad_norm_ does: no host sync per step.
+    """
+    norm = grad_norm(model)
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    host_coef = float(coef) if any(hasattr(g, "full_tensor") for g in grads) else None  # DTensors take a number
+    for g in grads:
+        g.mul_(host_coef if hasattr(g, "full_tensor") else coef)
     return norm

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,10 +29,10 @@ from trainers.footprint import PeakMemory, state_bytes
 from trainers.inject_hang import maybe_hang
 from trainers.loggers import build_loggers, run_dir_from_env
 from trainers.memory import OutOfMemory, memory_stats, oom_message
-from trainers.metrics import StepMeter, attach_comm_timer, job_figures, window_metrics
+from trainers.metrics import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
 from trainers.models import build_model, param_checksum
 from trainers.precision import Precision, resolve_precision
-from trainers.stepping import optimizer_step
+from trainers.stepping import grad_norm, optimizer_step
 from trainers.stop import STOP
 from trainers.strategies import STRATEGIES, data_layout
 from trainers.transforms import prepare_model
@@ -88,6 +88,15 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     step_times: List[float] = []
     times = FeatureTimes()
     window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
+    in_flight: Optional[Tuple[Gathered, Dict[str, Any]]] = None  # a log step's record awaiting its rows
+
+    def log_window(gathered: Gathered, record: Dict[str, Any]) -> None:
+        rows = gathered.rows()
+        record["loss"] = float(rows[:, 0].mean())
+        if meter.detailed:
+            record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
+        loggers.log(record)
+
     heartbeat()  # arms the node's hang watchdog for this rank (launcher.watchdog)
     while step < cfg.trainer.steps and not stop:
         sampler.set_epoch(epoch)
@@ -100,32 +109,37 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
             except torch.OutOfMemoryError as e:
                 raise OutOfMemory(oom_message(env.rank, device, step + 1, cfg)) from e
             loss = result.loss
-            memory.sample()
             step += 1
             batch_in_epoch += len(micro_batches)
             step_times.append(time.perf_counter() - t0)
             meter.end(counted=step > WARMUP_STEPS)
+            if in_flight is not None:  # the last log step's figures have arrived during this step
+                with meter.measuring():
+                    log_window(*in_flight)
+                in_flight = None
+            logging = step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps
+            if result.grad_norm is None and (logging or times.grad_norm_first is None):
+                with meter.measuring():  # not clipping: the norm is read for logging only
+                    result.grad_norm = grad_norm(model)
             times.add(result)
             maybe_fail(env.rank, step, env.restart_count)
             window_steps += 1
             if first_step_at is None:
                 first_step_at = time.time()
-            if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
-                elapsed = time.perf_counter() - window_start
-                mean_loss = _mean_across_ranks(loss.detach(), env.world_size)
-                rows = meter.gather()
-                record = {
-                    "step": step,
-                    "epoch": epoch,
-                    "loss": mean_loss,
-                    "samples_per_s": global_batch * window_steps / elapsed,
-                    "step_time_s": elapsed / window_steps,
-                    **times.window(window_steps, precision), **memory_stats(device),
-                }
-                if rows is not None:
-                    record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
-                loggers.log(record)
-                window_start, window_steps = time.perf_counter(), 0
+            if logging:
+                with meter.measuring():  # counted in metrics_overhead_share
+                    elapsed = time.perf_counter() - window_start
+                    record = {
+                        "step": step,
+                        "epoch": epoch,
+                        "loss": None,  # from the gathered rows
+                        "samples_per_s": global_batch * window_steps / elapsed,
+                        "step_time_s": elapsed / window_steps,
+                        **times.window(window_steps, precision), **memory_stats(device),
+                    }
+                    # the loss rides along; the rows travel during the next step and are logged then
+                    in_flight = (meter.gather(float(loss)), record)
+                    window_start, window_steps = time.perf_counter(), 0
             heartbeat()
             maybe_hang(env.rank, step)
             stop = checkpointer.after_step(step, epoch, batch_in_epoch, lambda: _mean_across_ranks(loss, env.world_size),
@@ -133,9 +147,9 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
             if step == cfg.trainer.steps or stop:
                 break
         epoch, skip, rng = epoch + 1, 0, None
+    if in_flight is not None:
+        log_window(*in_flight)
     figures = job_figures(meter, step - WARMUP_STEPS if step > WARMUP_STEPS else step)
-    if comm is not None:
-        comm.release()
 
     if step_times or start.resumed is None:
         final_loss = _mean_across_ranks(loss.detach(), env.world_size)

@@ -8,11 +8,13 @@ The run id lives in <run_dir>/wandb_run_id so a restarted or requeued job resume
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 import shutil
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 RUN_ID_FILE = "wandb_run_id"
 # Files of the run directory attached to the W&B run when it closes.
@@ -38,16 +40,26 @@ def read_or_create_run_id(run_dir: Path) -> str:
 
 
 class WandbLogger:
-    """A MetricsLogger that sends to one W&B run; any W&B error warns once and disables it."""
+    """A MetricsLogger that sends to one W&B run; any W&B error warns once and disables it.
+
+    ``log`` and ``log_summary`` only queue: a thread of this process hands them to wandb, so the
+    training loop never waits for wandb's serialisation (0.5-3 ms a call here) and the thread runs
+    while the loop waits in collectives. ``close`` drains the queue within wandb's finish timeout.
+    """
 
     def __init__(self, wandb_cfg: Any, config: Dict[str, Any], run_dir: Optional[str]) -> None:
         self._run: Any = None
         self._warned = False
         self._run_dir = Path(run_dir) if run_dir else None
+        self._queue: "queue.Queue[Optional[Tuple[str, Dict[str, Any]]]]" = queue.Queue()
+        self._sender: Optional[threading.Thread] = None
         try:
             self._run = self._init(wandb_cfg, config)
         except Exception as e:  # wandb raises many types (CommError, UsageError, timeouts ...)
             self._fail("could not start", e)
+        if self._run is not None:
+            self._sender = threading.Thread(target=self._send, name="wandb-logger", daemon=True)
+            self._sender.start()
 
     def _init(self, wandb_cfg: Any, config: Dict[str, Any]) -> Any:
         import wandb
@@ -66,24 +78,39 @@ class WandbLogger:
         return self._run is not None
 
     def log(self, metrics: Dict[str, Any]) -> None:
-        if self._run is None:
-            return
-        try:
-            self._run.log({k: v for k, v in metrics.items() if v is not None}, step=int(metrics.get("step", 0)))
-        except Exception as e:
-            self._fail("stopped logging", e)
+        if self._run is not None:
+            self._queue.put(("log", {k: v for k, v in metrics.items() if v is not None}))
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
-        if self._run is None:
-            return
-        try:
-            for key, value in summary.items():
-                if isinstance(value, (int, float, str, bool)):
-                    self._run.summary[key] = value
-        except Exception as e:
-            self._fail("could not write the summary", e)
+        if self._run is not None:
+            self._queue.put(("summary", {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}))
+
+    def _send(self) -> None:
+        """The sender thread: hands queued records to wandb in order until close()."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            kind, values = item
+            run = self._run
+            if run is None:
+                continue  # failed earlier: drop the rest, metrics.jsonl has them
+            try:
+                if kind == "log":
+                    run.log(values, step=int(values.get("step", 0)))
+                else:
+                    for key, value in values.items():
+                        run.summary[key] = value
+            except Exception as e:
+                self._fail("stopped logging" if kind == "log" else "could not write the summary", e)
 
     def close(self) -> None:
+        if self._sender is not None:
+            self._queue.put(None)
+            self._sender.join(timeout=float(SETTINGS["finish_timeout"]))
+            if self._sender.is_alive():
+                self._fail("could not keep up", TimeoutError(f"records still queued after {SETTINGS['finish_timeout']}s"))
+            self._sender = None
         if self._run is None:
             return
         try:
