@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from launcher import elastic_fixes
+from launcher.warmstart import Preload
 from launcher.errors import RendezvousError, WorkerFailedError
 from launcher.failures import FailureWatch, failure_reason, rank_log, root_cause
 from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
@@ -19,16 +21,6 @@ from launcher.watchdog import run_watched
 from launcher.worker import WorkerSpec, run_worker
 
 log = logging.getLogger("launcher")
-
-
-def preload_for_workers() -> None:
-    """Import what every worker needs once, in the agent, so forked workers start warm.
-
-    Imports only: no tensor is created and no thread pool started before the fork.
-    """
-    import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
-    import torch.nn.parallel  # noqa: F401
-    import trainers.train  # noqa: F401
 
 
 def run_node(plan: LaunchPlan, config: Dict[str, Any],
@@ -41,10 +33,13 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any],
     from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    elastic_fixes.apply()
     os.environ.update(plan.agent_env)
     os.environ.update(plan.worker_env)  # workers inherit the agent's environment
     if plan.start_method == "fork":
-        preload_for_workers()
+        Preload.start()  # usually started already, right after the plan (launcher.run.launch)
+    logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
+    logs_specs.before_workers = Preload.wait  # no fork while the preload thread imports
     launch_config = LaunchConfig(
         min_nodes=plan.nodes,
         max_nodes=plan.nodes,
@@ -56,7 +51,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any],
         max_restarts=plan.max_restarts,
         monitor_interval=0.1,
         start_method=plan.start_method,
-        logs_specs=logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs"),
+        logs_specs=logs_specs,
         log_line_prefix_template=CONSOLE_PREFIX,
         shutdown_timeout=plan.shutdown_timeout_s,
     )

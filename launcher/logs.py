@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
@@ -22,6 +22,8 @@ class RunDirLogsSpecs(LogsSpecs):
     def __init__(self, log_dir: Path) -> None:
         super().__init__(str(log_dir), Std.OUT, Std.OUT, None)
         self._log_dir = log_dir
+        # reify() is the agent's last call before it starts its worker processes: a barrier to run there
+        self.before_workers: Optional[Callable[[], None]] = None
         # where this node's workers ran, as the agent assigned it: group_rank, ranks, world_size
         self.placement: Dict[str, Any] = {}
 
@@ -30,6 +32,8 @@ class RunDirLogsSpecs(LogsSpecs):
         return str(self._log_dir)
 
     def reify(self, envs: Dict[int, Dict[str, str]]) -> LogsDest:
+        if self.before_workers is not None:
+            self.before_workers()
         stdouts, stderrs, tees, errors = {}, {}, {}, {}
         first = next(iter(envs.values()), {})
         self.placement = {"group_rank": int(first.get("GROUP_RANK", 0)), "world_size": int(first.get("WORLD_SIZE", 0)),

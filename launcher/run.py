@@ -78,14 +78,19 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
 
 def launch(cfg: Config, dry_run: bool, started: float) -> int:
     """Run a resolved config on this machine (one node of a multi-node job, or all of a simulated one)."""
-    from launcher import simulate
-    from launcher.node import check_before_start, session_for
-    from launcher.multinode import launch_mode, shared_run_id
+    from launcher.warmstart import Preload, collector_paused
 
-    run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
-    run_dir = str(Path(cfg.output_dir).resolve() / run_id)
-    mode = launch_mode(cfg)
-    plan = build_plan(cfg, detect_hardware(), run_id, run_dir, simulate.pick_port() if mode == "simulated" else 0)
+    with collector_paused():  # torch's import: see launcher.warmstart
+        from launcher import simulate
+        from launcher.multinode import launch_mode, shared_run_id
+        from launcher.node import check_before_start, session_for
+
+        run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
+        run_dir = str(Path(cfg.output_dir).resolve() / run_id)
+        mode = launch_mode(cfg)
+        plan = build_plan(cfg, detect_hardware(), run_id, run_dir, simulate.pick_port() if mode == "simulated" else 0)
+        if plan.start_method == "fork" and mode != "simulated" and not dry_run:  # simulated nodes are agents of their own
+            Preload.start()  # workers' imports, overlapping the run directory and the rendezvous
     if dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
         return 0
