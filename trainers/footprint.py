@@ -3,13 +3,27 @@ bytes of parameters, gradients and optimizer state it owns (the figures sharding
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any, Dict
 
 import torch
 from torch import nn
 
 
-def rss_peak_bytes(process: Any = None) -> int:
+@functools.lru_cache(maxsize=4)
+def _psutil_process(pid: int) -> Any:
+    import psutil
+
+    return psutil.Process(pid)  # building one reads /proc: made once (keyed by pid: forked workers get their own)
+
+
+def this_process() -> Any:
+    """psutil's handle on this process, made once per process."""
+    return _psutil_process(os.getpid())
+
+
+def rss_peak_bytes() -> int:
     """This process's peak resident memory since it started (or was forked).
 
     The kernel's own high-water mark (VmHWM in /proc/self/status) on Linux: exact, with nothing to
@@ -23,11 +37,7 @@ def rss_peak_bytes(process: Any = None) -> int:
                     return int(line.split()[1]) * 1024  # reported in kB
     except OSError:
         pass
-    if process is None:
-        import psutil
-
-        process = psutil.Process()
-    return int(process.memory_info().rss)
+    return int(this_process().memory_info().rss)
 
 
 class PeakMemory:

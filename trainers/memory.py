@@ -12,13 +12,13 @@ is a lower bound of the true peak; ``data.max_memory_gb`` caps that estimate.
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from trainers.footprint import this_process
 
 GIB = 1024**3
 ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq, each the size of the parameter
@@ -28,16 +28,9 @@ class OutOfMemory(RuntimeError):
     """A rank ran out of device memory; the message says where and what to change."""
 
 
-@functools.lru_cache(maxsize=4)
-def _process(pid: int) -> Any:
-    import psutil
-
-    return psutil.Process(pid)  # made once per process (keyed by pid: forked workers get their own)
-
-
 def memory_stats(device: torch.device) -> Dict[str, int]:
     """This process's memory now: RSS everywhere, and the CUDA allocator's figures on a GPU."""
-    stats = {"rss_bytes": int(_process(os.getpid()).memory_info().rss)}
+    stats = {"rss_bytes": int(this_process().memory_info().rss)}
     if device.type == "cuda":
         stats.update({
             "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device)),

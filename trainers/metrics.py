@@ -93,7 +93,6 @@ class StepMeter:
             import psutil
 
             self._psutil = psutil
-            self._process = psutil.Process()
             psutil.cpu_percent(interval=None)  # the first call only starts the measurement window
 
     def _reset_window(self) -> None:
@@ -170,11 +169,12 @@ class StepMeter:
         if not self.detailed:
             return Gathered(torch.tensor(row, dtype=torch.float64, device=self.device), self.world_size)
         steps = max(1, self._window_steps)
-        self._window["comm"] *= steps / max(1, self._window_comm_steps)  # a mean over the steps read
-        rss_peak = rss_peak_bytes(self._process) / MB
+        means = {k: self._window[k] / steps for k in ("step", *PHASES)}
+        means["comm"] = self._window["comm"] / max(1, self._window_comm_steps)  # over the steps read (CommTimer)
+        rss_peak = rss_peak_bytes() / MB
         cuda_peak = torch.cuda.max_memory_allocated(self.device) / MB if self._cuda else 0.0
         cpu = float(self._psutil.cpu_percent(interval=None))
-        row += [self._window[k] / steps for k in ("step", *PHASES, "comm")] + [rss_peak, cpu, cuda_peak]
+        row += list(means.values()) + [rss_peak, cpu, cuda_peak]
         self._reset_window()
         gathered = Gathered(torch.tensor(row, dtype=torch.float64, device=self.device), self.world_size)
         self._last_end = self._now()  # logging time is not the next step's data wait
