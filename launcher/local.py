@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from launcher import elastic_fixes
-from launcher.warmstart import Preload
 from launcher.errors import RendezvousError, WorkerFailedError
 from launcher.failures import FailureWatch, failure_reason, rank_log, root_cause
 from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
 from launcher.multinode import rdzv_configs
 from launcher.plan import LaunchPlan
 from launcher.watchdog import run_watched
+from launcher.warmstart import Preload
 from launcher.worker import WorkerSpec, run_worker
 
 log = logging.getLogger("launcher")
