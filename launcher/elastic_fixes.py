@@ -7,11 +7,16 @@
   reading any source.
 - Restarted workers reusing the agent's TCPStore read the dead attempt's gloo addresses: see
   ``AGENT_ENV`` in launcher.plan (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
+- ``LaunchConfig(shutdown_timeout=...)`` is new in torch 2.13; the CUDA builds users install
+  (2.11 on the H100 this was run on) reject it, so fields the installed torch lacks are dropped
+  (the agent then waits its own default before SIGKILL).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from typing import Any
 
 
 def method_name(depth: int = 2) -> str:
@@ -28,3 +33,9 @@ def apply() -> None:
 
     if callable(getattr(dynamic_rendezvous, "get_method_name", None)):
         dynamic_rendezvous.get_method_name = method_name
+
+
+def launch_config(config_class: Any, **fields: Any) -> Any:
+    """``config_class(**fields)`` without the fields this torch's LaunchConfig does not have."""
+    known = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in fields.items() if k in known})

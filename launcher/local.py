@@ -40,7 +40,8 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any],
         Preload.start()  # usually started already, right after the plan (launcher.run.launch)
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
     logs_specs.before_workers = Preload.wait  # no fork while the preload thread imports
-    launch_config = LaunchConfig(
+    launch_config = elastic_fixes.launch_config(
+        LaunchConfig,
         min_nodes=plan.nodes,
         max_nodes=plan.nodes,
         nproc_per_node=plan.workers_per_node,

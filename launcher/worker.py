@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
+import multiprocessing.util
 import os
 import runpy
 import signal
@@ -28,6 +30,7 @@ def run_worker(spec: WorkerSpec) -> Dict[str, Any]:
     """The elastic agent's entry point in every worker process."""
     _die_with_parent()
     _restore_signal_defaults()
+    _reset_start_method()
     if "SLURM_JOB_ID" in os.environ:
         # SLURM's warning signal reaches every process of the step: until the trainer (trainers.stop)
         # or a user script installs a handler, it must not kill the worker (SIG_DFL would).
@@ -125,12 +128,33 @@ def _exit_now(code: int) -> "NoReturn":
     """Leave without running destructors: a process group whose peer is gone can block forever in
     its destructor, which would keep a failed or interrupted worker alive (and the job hung)."""
     beats.disarm()
+    _release_multiprocessing_resources()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def _release_multiprocessing_resources() -> None:
+    """What a normal exit does first, minus anything that can block: unlink this process's named
+    semaphores (a DataLoader's queues under the spawn or forkserver method) and stop its daemonic
+    children (DataLoader workers). Skipped, the launcher's resource tracker printed 'leaked
+    semaphore objects' after the job's one-line error."""
+    try:
+        multiprocessing.util._run_finalizers(0)  # priority >= 0: closes and unlinks, never joins
+        for child in multiprocessing.active_children():
+            if child.daemon:
+                child.terminate()
+    except Exception:  # best effort on the way out; the exit code matters more
+        pass
+
+
+def _reset_start_method() -> None:
+    """A spawned worker inherits the agent's 'spawn' as its default start method; under torchrun a
+    script starts with none chosen (the platform's default), and so do its DataLoader workers."""
+    multiprocessing.set_start_method(None, force=True)
 
 
 def _restore_signal_defaults() -> None:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.helpers import only_run_dir, read_metrics, read_summary, run_launcher
+from trainers.mfu import peak_flops
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,6 +37,10 @@ def test_auto_precision_pinned_memory_and_cuda_memory_figures(tmp_path):
     summary, metrics = read_summary(only_run_dir(out)), read_metrics(only_run_dir(out))
     assert summary["precision"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
     assert summary["pin_memory"] is True and summary["loader_num_workers"] == 1
+    # MFU against the peak of the precision the matmuls ran in (bf16 runs were once set against fp32's)
+    assert 0 < summary["mfu_percent"] <= 100, summary.get("mfu_note")
+    expected = peak_flops(torch.cuda.get_device_name(0), "bf16" if summary["precision"] == "bf16" else "fp32")
+    assert expected is None or summary["peak_flops"] == expected
     for key in ("cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_allocated_bytes", "rss_bytes"):
         assert all(m[key] > 0 for m in metrics), key
         assert summary[f"{key}_per_rank"][0] > 0, key
@@ -46,6 +51,6 @@ def test_cuda_out_of_memory_names_the_rank_the_memory_and_the_fix(tmp_path):
     result, _ = train(tmp_path, "model.depth=1", f"model.hidden={2**24}", "model.in_dim=8", "data.dataset_size=8192",
                       "data.batch_size=8192", "trainer.steps=2")
     assert result.returncode == 1
-    line = result.stderr.strip().splitlines()[-1]
+    line = result.stderr.strip().splitlines()[-1]  # the last line: nothing (e.g. a resource-tracker warning) after it
     assert "rank 0" in line and "ran out of CUDA memory" in line
     assert "GiB allocated" in line and "data.batch_size" in line and "trainer.strategy=fsdp" in line

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # Everything a script can observe about how it was started, minus what differs per run (ids, ports, pids).
 OBSERVER = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, multiprocessing, os, signal, sys
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader, TensorDataset
@@ -36,7 +36,7 @@ OBSERVER = textwrap.dedent("""
                                                 "TORCHELASTIC_MAX_RESTARTS", "MASTER_ADDR")},
         "threads": torch.get_num_threads(),
         "handlers": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")},
-        "spec": __spec__ is None, "package": __package__,
+        "spec": __spec__ is None, "package": __package__, "start_method": multiprocessing.get_start_method(),
     }
     out = sys.argv[sys.argv.index("--out") + 1]
     with open(os.path.join(out, "seen-%s.json" % os.environ["RANK"]), "w") as f:
@@ -54,13 +54,15 @@ def observe(tmp_path, launcher_argv, name):
     return [json.loads((out / f"seen-{r}.json").read_text()) for r in range(2)], str(out)
 
 
-def test_script_sees_the_same_world_as_under_torchrun(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_script_sees_the_same_world_as_under_torchrun(tmp_path, start_method):
     (tmp_path / "observer.py").write_text(OBSERVER)
     (tmp_path / "sibling.py").write_text("VALUE = 42\n")
     torchrun = [str(REPO / ".venv" / "bin" / "torchrun"), "--nproc-per-node", "2", "--max-restarts", "0"]
     if not (REPO / ".venv" / "bin" / "torchrun").exists():
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0"]
-    ours, ours_out = observe(tmp_path, [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}"], "ours")
+    ours, ours_out = observe(tmp_path, [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
+                                        f"launcher.start_method={start_method}"], "ours")
     theirs, theirs_out = observe(tmp_path, torchrun, "torchrun")
     for mine, ref in zip(ours, theirs):
         mine["argv"] = [a.replace(ours_out, "OUT") for a in mine["argv"]]
@@ -68,6 +70,17 @@ def test_script_sees_the_same_world_as_under_torchrun(tmp_path):
         assert mine == ref
     assert ours[0]["signal_handled"] == ["usr1"] and ours[0]["loader_total"] == 2 * sum(range(64))
     assert ours[0]["argv"] == ["observer.py", "--flag", "x y", "--out", "OUT"]
+
+
+def test_a_spawned_rank_that_fails_with_loader_workers_ends_on_the_one_line_error(tmp_path):
+    """Its DataLoader's queues used to leak named semaphores, and the launcher's resource tracker
+    printed a warning after the error line."""
+    result = run_launcher(["--gpus", "1", f"output_dir={tmp_path}", "launcher.start_method=spawn", "data.num_workers=2",
+                           "trainer.steps=5", *QUICK], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=2"})
+    assert result.returncode == 1
+    assert "leaked semaphore" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 0 failed") and "InjectedFault" in last, result.stderr[-2000:]
 
 
 def test_forked_and_spawned_workers_train_identically(tmp_path):

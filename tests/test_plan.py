@@ -58,3 +58,22 @@ def test_plan_works_around_the_shared_store_restart_bug():
 ])
 def test_split_argv(argv, ours, script):
     assert split_argv(argv, build_parser()) == (ours, script)
+
+
+def test_launch_config_drops_fields_an_older_torch_lacks():
+    """torch 2.11 (the CUDA build seen on an H100) has no LaunchConfig(shutdown_timeout=)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from launcher.elastic_fixes import launch_config
+
+    @dataclasses.dataclass
+    class OlderLaunchConfig:
+        min_nodes: int
+        max_nodes: int
+
+    older = launch_config(OlderLaunchConfig, min_nodes=1, max_nodes=2, shutdown_timeout=10)
+    assert (older.min_nodes, older.max_nodes) == (1, 2)
+    current = launch_config(LaunchConfig, min_nodes=1, max_nodes=1, nproc_per_node=2, shutdown_timeout=10)
+    assert current.nproc_per_node == 2 and getattr(current, "shutdown_timeout", 10) == 10

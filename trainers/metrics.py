@@ -72,7 +72,8 @@ class StepMeter:
     run without instrumentation pays nothing (bench/ compares the two).
     """
 
-    def __init__(self, device: torch.device, world_size: int, detailed: bool, comm: Optional[CommTimer] = None) -> None:
+    def __init__(self, device: torch.device, world_size: int, detailed: bool, comm: Optional[CommTimer] = None,
+                 compute_dtype: Optional[torch.dtype] = None) -> None:
         self.device, self.world_size, self.detailed, self.comm = device, world_size, detailed, comm
         self._cuda = device.type == "cuda"
         self._step: Dict[str, float] = {}
@@ -87,7 +88,7 @@ class StepMeter:
         self.steady_from = self.steady_until = time.perf_counter()
         self.steady_steps = 0
         self.overhead_s = 0.0  # seconds spent measuring and logging in the steady state (measuring())
-        self.flops = FlopCount(enabled=detailed and self._cuda)
+        self.flops = FlopCount(enabled=detailed and self._cuda, dtype=compute_dtype)
         self._reset_window()
         if detailed:
             import psutil

@@ -48,10 +48,13 @@ def mfu_percent(flops_per_step: float, step_time_s: float, peak: float) -> Optio
 class FlopCount:
     """Counts one training step's forward+backward FLOPs on this rank, once (the first step)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, dtype: Optional[torch.dtype] = None) -> None:
+        """dtype: the autocast dtype the step's matmuls run in (None: the parameters' fp32). Given,
+        not read inside the step: the count closes after forward, outside the autocast region, so
+        reading it there always said fp32 and set bf16 runs against the fp32 peak (seen on an H100)."""
         self.enabled = enabled
         self.flops: Optional[int] = None
-        self.dtype = torch.float32
+        self.dtype = dtype or torch.float32
         self._mode: Any = None
 
     def begin(self) -> None:
@@ -66,8 +69,6 @@ class FlopCount:
             self._mode.__exit__(None, None, None)
             self.flops = int(self._mode.get_total_flops())
             self._mode = None
-            if torch.is_autocast_enabled("cuda"):
-                self.dtype = torch.get_autocast_dtype("cuda")
 
 
 def mfu_figures(count: FlopCount, step_time_s: float, device: torch.device) -> Dict[str, Any]:

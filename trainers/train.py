@@ -72,7 +72,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     start = checkpointer.resume(len(loader))
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
     comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
-    meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm)
+    meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm, compute_dtype=precision.dtype)
     accum = cfg.trainer.grad_accum_steps
     global_batch = layout.batch_size * layout.shard_count * accum  # the effective batch of one optimizer step
     memory = PeakMemory(device)
