@@ -34,7 +34,7 @@ examples:
   python -m launcher --gpus 2 -m mypkg.train --epochs 3     a module, like python -m
   python -m launcher --config configs/quick.yaml --dry-run  print the resolved config and plan only
   python -m launcher --show-config                          every config key with its default
-  python -m launcher resume runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
+  python -m launcher resume launcher_runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
   python -m launcher --cluster slurm --nodes 2 --gpus 4 slurm.partition=gpu slurm.time_min=240
                                                             submit to SLURM; then: status RUN, logs RUN, cancel RUN
 
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", choices=("local", "slurm"),
                    help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*)")
     p.add_argument("--wait", action="store_true", help="--cluster slurm: block until the job ends, showing rank 0's log")
-    p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default runs)")
+    p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default launcher_runs)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
     p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as the script, like python -m MODULE")

@@ -101,9 +101,11 @@ class RendezvousConfig:
 
 @dataclass
 class LaunchSection:
-    start_method: str = "auto"  # auto (fork from a warm agent where safe) | fork | spawn
+    start_method: str = "auto"  # auto | fork: forked from a warm zygote (torch imported once) | spawn: fresh interpreters
     max_restarts: int = 0  # restart all workers up to this many times when one fails
-    omp_threads: int = 0  # threads per worker; 0 = cores / workers per node (at least 1)
+    omp_threads: int = 0  # threads per worker; 0 = OMP_NUM_THREADS if exported, else cores / workers per node (at least 1)
+    # a rank whose script returned but whose process has not exited this long after is killed (its result kept)
+    exit_timeout_s: float = 60.0
 
 
 @dataclass
@@ -152,7 +154,7 @@ class Config:
     nodes: int = 1  # number of nodes (machines)
     gpus: int = 1  # worker processes per node: one per GPU, or CPU workers without CUDA
     seed: int = 0  # seeds every RNG (model init from seed, data order from seed and rank)
-    output_dir: str = "runs"  # each run gets <output_dir>/<run_id>/
+    output_dir: str = "launcher_runs"  # each run gets <output_dir>/<run_id>/ (not runs/: TensorBoard's default)
     run_id: Optional[str] = None  # None = a fresh id from the time and a random suffix
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -240,6 +242,8 @@ def validate(cfg: Config) -> None:
     validate_rendezvous(cfg)
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
+    if cfg.launcher.exit_timeout_s <= 0:
+        raise ConfigError(f"launcher.exit_timeout_s={cfg.launcher.exit_timeout_s:g} must be positive: e.g. launcher.exit_timeout_s=60")
     _at_least(cfg.checkpoint.every_steps, 0, "checkpoint.every_steps")
     _at_least(cfg.checkpoint.keep, 1, "checkpoint.keep")
     if cfg.checkpoint.every_seconds < 0:
@@ -310,11 +314,21 @@ def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
         raise ConfigError(f"{name}={value} is not one of: {', '.join(choices)}")
 
 
-def to_yaml(cfg: Config) -> str:
-    """The resolved config as YAML, with anything that looks like a secret redacted."""
+# Sections only the built-in trainer reads: a script run's recorded config leaves them out.
+TRAINER_ONLY = ("seed", "model", "data", "trainer", "checkpoint", "metrics", "wandb")
+
+
+def to_yaml(cfg: Config, recorded: bool = False) -> str:
+    """The resolved config as YAML, with anything that looks like a secret redacted.
+
+    recorded: the run directory's config.yaml, which for a script run holds only what applies to it.
+    """
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg))))
+    data = redact(to_dict(cfg))
+    if recorded and cfg.script.path is not None:
+        data = {k: v for k, v in data.items() if k not in TRAINER_ONLY}
+    return OmegaConf.to_yaml(OmegaConf.create(data))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

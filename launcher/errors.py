@@ -22,6 +22,10 @@ class LaunchError(LauncherError):
 class WorkerFailedError(LauncherError):
     """One or more workers failed; the message names the ranks and their errors."""
 
+    def __init__(self, message: str, restarts: int = 0) -> None:
+        super().__init__(message)
+        self.restarts = restarts  # restarts made before the job gave up
+
 
 class RendezvousError(LauncherError):
     """Nodes could not find each other in time."""

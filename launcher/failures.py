@@ -7,13 +7,12 @@ the rank that started it. This module completes the agent's view and picks that 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import signal
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from launcher.plan import LaunchPlan
 
@@ -21,41 +20,19 @@ log = logging.getLogger("launcher")
 
 
 class FailureWatch:
-    """Hooks the elastic agent's monitor: logs each failed attempt's root cause before a restart."""
+    """Called by the agent (launcher.agent) on each failed attempt: logs its root cause before a restart."""
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
         self.last: Optional[Dict[int, Any]] = None  # the latest failed attempt's failures, completed
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        """elastic_launch builds its agent by name, so it gets a subclass for the launch's duration."""
-        import torch.distributed.launcher.api as launcher_api
-
-        base = launcher_api.LocalElasticAgent
-        watch = self
-
-        class ReportingAgent(base):  # type: ignore[misc, valid-type]
-            def _monitor_workers(self, worker_group: Any) -> Any:
-                result = super()._monitor_workers(worker_group)
-                if result.is_failed():
-                    attempt = worker_group.spec.max_restarts - self._remaining_restarts
-                    watch.on_failure(result.failures, worker_group, self._pcontext, attempt, self._remaining_restarts)
-                return result
-
-        launcher_api.LocalElasticAgent = ReportingAgent
-        try:
-            yield
-        finally:
-            launcher_api.LocalElasticAgent = base
-
-    def on_failure(self, failures: Dict[int, Any], worker_group: Any, pcontext: Any, attempt: int, left: int) -> None:
-        found = with_signal_deaths(failures, worker_group, pcontext)
-        self.last = found = with_recorded_errors(found, self.plan, attempt)
+    def on_failure(self, failures: Dict[int, Any], worker_group: Any, attempt: int, left: int, resumes: bool) -> None:
+        self.last = found = with_recorded_errors(failures, self.plan, attempt)
         if left > 0:
             rank, failure = root_cause(found)
+            how = "they resume from the latest checkpoint" if resumes else "your script starts again from its beginning"
             log.warning(f"attempt {attempt}: rank {rank} failed: {failure_reason(failure)}; "
-                        f"restarting the workers ({left} restart(s) left), they resume from the latest checkpoint; "
+                        f"restarting the workers ({left} restart(s) left), {how}; "
                         f"see {rank_log(self.plan, rank, attempt)}")
 
 
@@ -85,22 +62,6 @@ def root_cause(failures: Dict[int, Any]) -> Tuple[int, Any]:
         return (kind, written, rank)
 
     return min(failures.items(), key=order)
-
-
-def with_signal_deaths(failures: Dict[int, Any], worker_group: Any, pcontext: Any) -> Dict[int, Any]:
-    """Add workers already dead by a signal that the agent's first-exit report left out."""
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    processes = getattr(getattr(pcontext, "_pc", None), "processes", None)  # fork/spawn contexts only
-    found = dict(failures)
-    if not processes:
-        return found
-    for worker in worker_group.workers:
-        proc = processes[worker.local_rank] if worker.local_rank < len(processes) else None
-        code = proc.exitcode if proc is not None else None
-        if code is not None and code < 0 and worker.global_rank not in found:
-            found[worker.global_rank] = ProcessFailure(local_rank=worker.local_rank, pid=proc.pid, exitcode=code, error_file="")
-    return found
 
 
 def with_recorded_errors(failures: Dict[int, Any], plan: LaunchPlan, attempt: int) -> Dict[int, Any]:

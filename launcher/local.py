@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from launcher import elastic_fixes
+from launcher.agent import agent_installed, launcher_worker
 from launcher.errors import RendezvousError, WorkerFailedError
 from launcher.failures import FailureWatch, failure_reason, rank_log, root_cause
-from launcher.logs import CONSOLE_PREFIX, RunDirLogsSpecs
+from launcher.logs import RunDirLogsSpecs
 from launcher.multinode import rdzv_configs
 from launcher.plan import LaunchPlan
+from launcher.processes import WorkerJob
 from launcher.watchdog import run_watched
-from launcher.warmstart import Preload
-from launcher.worker import WorkerSpec, run_worker
 
 log = logging.getLogger("launcher")
+AGENT_ONLY_ENV = ("LAUNCHER_START_TIME",)  # the launcher's own bookkeeping; a script never sees it
 
 
 def run_node(plan: LaunchPlan, config: Dict[str, Any],
@@ -35,55 +36,64 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any],
 
     elastic_fixes.apply()
     os.environ.update(plan.agent_env)
-    os.environ.update(plan.worker_env)  # workers inherit the agent's environment
-    if plan.start_method == "fork":
-        Preload.start()  # usually started already, right after the plan (launcher.run.launch)
+    job = worker_job(plan, config)
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
-    logs_specs.before_workers = Preload.wait  # no fork while the preload thread imports
     launch_config = elastic_fixes.launch_config(
         LaunchConfig,
         min_nodes=plan.nodes,
         max_nodes=plan.nodes,
         nproc_per_node=plan.workers_per_node,
         run_id=plan.rdzv_id,
+        role="default",  # torchrun's: workers see ROLE_NAME=default
         rdzv_backend=plan.rdzv_backend,
         rdzv_endpoint=plan.rdzv_endpoint,
         rdzv_configs=rdzv_configs(plan),
         max_restarts=plan.max_restarts,
         monitor_interval=0.1,
-        start_method=plan.start_method,
+        start_method="spawn",  # unused: launcher.processes starts the workers
         logs_specs=logs_specs,
-        log_line_prefix_template=CONSOLE_PREFIX,
         shutdown_timeout=plan.shutdown_timeout_s,
     )
-    spec = WorkerSpec(config=config, run_dir=plan.run_dir)
     watch = FailureWatch(plan)
     try:
-        with watch.installed():
-            results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, run_worker)(spec))
+        with agent_installed(job, watch) as agent:
+            results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)())
     except ChildFailedError as e:
-        raise WorkerFailedError(describe_failure(e, plan, watch.last)) from e
+        raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts) from e
     except TorchRendezvousError as e:
         raise RendezvousError(
             f"nodes did not meet at {plan.rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
             "check the address, the port, the firewall and the other nodes' commands"
         ) from e
-    restarts = max((r or {}).get("restart_count", 0) for r in results.values()) if results else 0
-    return results, restarts
+    return results, agent.restarts
 
 
-def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, Any]] = None) -> str:
-    """'rank 1 failed (exit code 1): ValueError: boom; see <run_dir>/logs/rank-1.log' for the first failure."""
+def worker_job(plan: LaunchPlan, config: Dict[str, Any]) -> WorkerJob:
+    """What this node's workers run, and in what environment (the agent's own variables left out)."""
+    script = config["script"]
+    kind = "trainer" if script["path"] is None else ("module" if script["module"] else "script")
+    env = {k: v for k, v in os.environ.items() if k not in plan.agent_env and k not in AGENT_ONLY_ENV}
+    env.update(plan.worker_env)
+    if kind == "trainer" and "LAUNCHER_START_TIME" in os.environ:
+        env["LAUNCHER_START_TIME"] = os.environ["LAUNCHER_START_TIME"]  # the trainer's time to first step
+    watchdog_s = float(config.get("watchdog", {}).get("timeout_s", 0))
+    return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir, base_env=env,
+                     start_method=plan.start_method, exit_timeout_s=float(config["launcher"]["exit_timeout_s"]),
+                     heartbeat=watchdog_s > 0, config=config if kind == "trainer" else {},
+                     slurm="SLURM_JOB_ID" in os.environ)
+
+
+def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, Any]], attempt: int) -> str:
+    """'rank 1 failed: exit code 1: ValueError: boom; see <run_dir>/logs/rank-1.log' for the first failure.
+
+    Only ranks that failed on their own are named: launcher.processes leaves out the ranks it
+    stopped and those that had finished.
+    """
     failures = failures or error.failures
     rank, failure = root_cause(failures)
-    reason = _failure_reason(failure)
     others = sorted(r for r in failures if r != rank)
     also = f" (ranks {', '.join(map(str, others))} failed too)" if others else ""
-    log_file = rank_log(plan, rank, plan.max_restarts)  # the last attempt's log
-    return f"rank {rank} failed: {reason}{also}; see {log_file}"
-
-
-_failure_reason = failure_reason  # the name used before launcher.failures existed
+    return f"rank {rank} failed: {failure_reason(failure)}{also}; see {rank_log(plan, rank, attempt)}"
 
 
 def first_result(results: Dict[int, Any]) -> Optional[Dict[str, Any]]:

@@ -6,24 +6,19 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
-CONSOLE_PREFIX = "[rank${rank}]: "
-
-
 class RunDirLogsSpecs(LogsSpecs):
-    """Worker stdout (with stderr merged in by the worker) to logs/rank-<global rank>.log, tee'd to the console.
+    """Where each rank's log goes: logs/rank-<global rank>.log (launcher.streams writes it and the console).
 
     A restarted attempt writes logs/rank-<k>.attempt-<n>.log so the first failure stays readable.
     """
 
     def __init__(self, log_dir: Path) -> None:
-        super().__init__(str(log_dir), Std.OUT, Std.OUT, None)
+        super().__init__(str(log_dir), Std.NONE, Std.NONE, None)
         self._log_dir = log_dir
-        # reify() is the agent's last call before it starts its worker processes: a barrier to run there
-        self.before_workers: Optional[Callable[[], None]] = None
         # where this node's workers ran, as the agent assigned it: group_rank, ranks, world_size
         self.placement: Dict[str, Any] = {}
 
@@ -32,9 +27,7 @@ class RunDirLogsSpecs(LogsSpecs):
         return str(self._log_dir)
 
     def reify(self, envs: Dict[int, Dict[str, str]]) -> LogsDest:
-        if self.before_workers is not None:
-            self.before_workers()
-        stdouts, stderrs, tees, errors = {}, {}, {}, {}
+        stdouts, stderrs, errors = {}, {}, {}
         first = next(iter(envs.values()), {})
         self.placement = {"group_rank": int(first.get("GROUP_RANK", 0)), "world_size": int(first.get("WORLD_SIZE", 0)),
                           "ranks": sorted(int(env["RANK"]) for env in envs.values())}
@@ -42,13 +35,12 @@ class RunDirLogsSpecs(LogsSpecs):
             rank, attempt = env["RANK"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
             suffix = "" if attempt == 0 else f".attempt-{attempt}"
             stdouts[local_rank] = str(self._log_dir / f"rank-{rank}{suffix}.log")
-            stderrs[local_rank] = ""  # the worker merges stderr into stdout (launcher.worker)
-            tees[local_rank] = stdouts[local_rank]
+            stderrs[local_rank] = ""  # the same file: both streams, in the order they came
             errors[local_rank] = str(self._log_dir / f"rank-{rank}{suffix}.error.json")
             env["TORCHELASTIC_ERROR_FILE"] = errors[local_rank]
             if os.path.exists(errors[local_rank]):
                 os.unlink(errors[local_rank])
-        return LogsDest(stdouts, stderrs, tees, {}, errors, os.devnull, os.devnull)
+        return LogsDest(stdouts, stderrs, {}, {}, errors, os.devnull, os.devnull)  # no tee: launcher.streams shows them
 
 
 def setup_launcher_logging(log_file: Path | None, verbose: bool = False) -> logging.Logger:

@@ -129,14 +129,15 @@ def main(argv: List[str]) -> int:
     from launcher.config import from_dict
     from launcher.logs import setup_launcher_logging
     from launcher.run import run_and_summarize
-    from launcher.worker import _die_with_parent
+    from launcher.zygote import Zygote, die_with_parent
 
     run_dir, node_rank, parent = argv[0], int(argv[1]), int(argv[2])
-    _die_with_parent()  # the launcher that started this node is gone: so is this node, and its workers
-    if parent and os.getppid() != parent:
+    if not die_with_parent(parent):  # the launcher that started this node is gone: so is this node, and its workers
         return 1
     payload = json.loads(sys.stdin.read())
     cfg, plan = from_dict(payload["config"]), plan_from_dict(payload["plan"], node_rank)
+    if plan.start_method == "fork":
+        Zygote.start("trainer" if cfg.script.path is None else "script")  # imports while the nodes meet
     setup_launcher_logging(Path(run_dir) / "logs" / f"node-{node_rank}.log")
     for handler in log.handlers:
         if handler.formatter is not None and handler.formatter._fmt.startswith("[launcher]"):

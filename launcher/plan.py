@@ -29,7 +29,7 @@ class Hardware:
 
     cuda_devices: int  # CUDA devices torch can see (0 on a CPU box)
     cpu_cores: int  # usable cores for worker threads
-    fork_unsafe_reason: Optional[str] = None  # why forking workers from this process is unsafe, if it is
+    omp_threads_env: Optional[int] = None  # OMP_NUM_THREADS as the user exported it (kept, as torchrun keeps it)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class LaunchPlan:
     rdzv_endpoint: str  # host:port; port 0 = pick a free one at launch time
     rdzv_id: str
     rdzv_timeout_s: int
-    start_method: str  # fork | spawn
+    start_method: str  # fork (from the warm zygote, launcher.zygote) | spawn (fresh interpreters)
     start_method_reason: str
     max_restarts: int
     omp_threads: int
@@ -73,15 +73,32 @@ def worker_command(cfg: Config) -> Tuple[str, ...]:
     return head + tuple(cfg.script.args)
 
 
-def choose_start_method(cfg: Config, hw: Hardware) -> Tuple[str, str]:
-    asked = cfg.launcher.start_method
-    if asked == "spawn":
-        return "spawn", "launcher.start_method=spawn asked for"
-    if hw.fork_unsafe_reason:
-        if asked == "fork":
-            raise ConfigError(f"launcher.start_method=fork is unsafe here ({hw.fork_unsafe_reason}): use launcher.start_method=spawn")
-        return "spawn", f"fresh interpreters: fork is unsafe here ({hw.fork_unsafe_reason})"
-    return "fork", "workers forked from the warm agent (torch already imported)"
+def choose_start_method(cfg: Config) -> Tuple[str, str]:
+    """fork from the zygote, a fresh single-threaded process (whatever state the launcher's own is in), or spawn."""
+    if cfg.launcher.start_method == "spawn":
+        return "spawn", "launcher.start_method=spawn asked for: workers start as fresh interpreters"
+    return "fork", "workers forked from a warm zygote (a fresh interpreter that imported torch)"
+
+
+def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional[str]]:
+    """Threads per worker and, when the launcher chose them, a notice saying so."""
+    if cfg.launcher.omp_threads:
+        return cfg.launcher.omp_threads, None
+    if hw.omp_threads_env:
+        return hw.omp_threads_env, None
+    omp = max(1, hw.cpu_cores // workers)
+    return omp, (f"OMP_NUM_THREADS={omp} per worker ({hw.cpu_cores} cores / {workers} workers); "
+                 "export OMP_NUM_THREADS or set launcher.omp_threads to choose")
+
+
+def worker_env(cfg: Config, run_dir: str, omp: int, hw: Hardware) -> Dict[str, str]:
+    """What the launcher adds to the workers' environment (README: Differences from torchrun)."""
+    env: Dict[str, str] = {}
+    if omp != hw.omp_threads_env:
+        env["OMP_NUM_THREADS"] = str(omp)
+    if cfg.watchdog.timeout_s > 0 or cfg.script.path is None:
+        env.update(LAUNCHER_RUN_DIR=run_dir, LAUNCHER_WATCHDOG_TIMEOUT_S=f"{cfg.watchdog.timeout_s:g}")
+    return env
 
 
 def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: int = 0) -> LaunchPlan:
@@ -108,8 +125,10 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
     if workers != cfg.gpus:
         devices = f"its {cfg.gpus} GPUs" if device_type == "cuda" else "the one CPU device (no GPU here)"
         notices.append(f"trainer.strategy={cfg.trainer.strategy} runs 1 process per node driving {devices}")
-    omp = cfg.launcher.omp_threads or max(1, hw.cpu_cores // workers)
-    start_method, why = choose_start_method(cfg, hw)
+    omp, omp_notice = thread_count(cfg, hw, workers)
+    if omp_notice and workers > 1:
+        notices.append(omp_notice)
+    start_method, why = choose_start_method(cfg)
     return LaunchPlan(
         run_id=run_id,
         run_dir=run_dir,
@@ -125,7 +144,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         max_restarts=cfg.launcher.max_restarts,
         omp_threads=omp,
         command=worker_command(cfg),
-        worker_env={"OMP_NUM_THREADS": str(omp), "LAUNCHER_RUN_DIR": run_dir, "LAUNCHER_BACKEND": backend},
+        worker_env=worker_env(cfg, run_dir, omp, hw),
         agent_env=dict(AGENT_ENV),
         notices=tuple(notices),
         # workers stop themselves checkpoint.grace_s after the signal; the agent's SIGKILL is the backstop

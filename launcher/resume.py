@@ -36,15 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m launcher resume",
         description="Continue a stopped, failed or finished run from its newest good checkpoint, in the same run directory.",
-        epilog="examples:\n  python -m launcher resume runs/20261122-003218-2f88b8\n"
+        epilog="examples:\n  python -m launcher resume launcher_runs/20261122-003218-2f88b8\n"
                "  python -m launcher resume 20261122-003218-2f88b8 trainer.steps=2000 --max-restarts 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", metavar="RUN", help="a run directory, or a run id under output_dir (default runs/)")
+    p.add_argument("run", metavar="RUN", help="a run directory, or a run id under output_dir (default launcher_runs/)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help=f"changes allowed on resume: {', '.join(k + ('*' if k.endswith('.') else '') for k in CHANGEABLE)}")
     p.add_argument("--max-restarts", type=int, metavar="K", help="restart the workers up to K times when one fails")
-    p.add_argument("--output-dir", metavar="DIR", default="runs", help="where to look up a run id (default runs)")
+    p.add_argument("--output-dir", metavar="DIR", default="launcher_runs", help="where to look up a run id (default launcher_runs)")
     p.add_argument("--dry-run", action="store_true", help="print what would resume and from which checkpoint; start nothing")
     return p
 

@@ -33,29 +33,17 @@ def detect_hardware() -> Hardware:
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Hardware(cuda_devices=cuda, cpu_cores=cores, fork_unsafe_reason=fork_unsafe_reason())
+    exported = os.environ.get("OMP_NUM_THREADS", "")
+    return Hardware(cuda_devices=cuda, cpu_cores=cores, omp_threads_env=int(exported) if exported.isdigit() and int(exported) > 0 else None)
 
 
-# A process that has only imported torch runs this many native threads (the main thread and one
-# of torch's; measured with torch 2.13). More means a thread pool (OpenMP, BLAS) has started, and
-# a forked child that uses it can hang: we then start fresh interpreters instead.
-THREADS_AFTER_IMPORT = 2
+def start_zygote(cfg: Config) -> None:
+    """Start this node's warm zygote now, so its imports overlap the launcher's own (launcher.zygote)."""
+    from launcher.multinode import launch_mode
+    from launcher.zygote import Zygote
 
-
-def fork_unsafe_reason() -> Optional[str]:
-    import threading
-
-    import torch
-
-    if not hasattr(os, "fork"):
-        return "this platform has no fork"
-    if torch.cuda.is_initialized():
-        return "CUDA is already initialised in the launcher process"
-    native = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    extra = native - (threading.active_count() - 1)  # Python threads are the agent's own business
-    if extra > THREADS_AFTER_IMPORT:
-        return f"the launcher process already runs {extra} native threads (a torch/OpenMP thread pool started)"
-    return None
+    if cfg.launcher.start_method != "spawn" and launch_mode(cfg) != "simulated":
+        Zygote.start("trainer" if cfg.script.path is None else "script")
 
 
 def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[str, bool, List[str]]]) -> int:
@@ -78,8 +66,10 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
 
 def launch(cfg: Config, dry_run: bool, started: float) -> int:
     """Run a resolved config on this machine (one node of a multi-node job, or all of a simulated one)."""
-    from launcher.warmstart import Preload, collector_paused
+    from launcher.warmstart import collector_paused
 
+    if not dry_run:
+        start_zygote(cfg)
     with collector_paused():  # torch's import: see launcher.warmstart
         from launcher import simulate
         from launcher.multinode import launch_mode, shared_run_id
@@ -89,8 +79,6 @@ def launch(cfg: Config, dry_run: bool, started: float) -> int:
         run_dir = str(Path(cfg.output_dir).resolve() / run_id)
         mode = launch_mode(cfg)
         plan = build_plan(cfg, detect_hardware(), run_id, run_dir, simulate.pick_port() if mode == "simulated" else 0)
-        if plan.start_method == "fork" and mode != "simulated" and not dry_run:  # simulated nodes are agents of their own
-            Preload.start()  # workers' imports, overlapping the run directory and the rendezvous
     if dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
         return 0
@@ -112,7 +100,7 @@ def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Lo
 
     run_dir = Path(plan.run_dir)
     log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
-    write_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     write_json(run_dir / "plan.json", plan.to_dict())
     for notice in plan.notices:
         log.info(notice)
@@ -142,7 +130,7 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, node: Any =
         results, restarts = (node.run if node is not None else run_node)(plan, to_dict(cfg))
     except LauncherError as e:
         finish(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started, error=str(e),
-               restarts=plan.max_restarts if isinstance(e, WorkerFailedError) else 0)
+               restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
         raise
     except KeyboardInterrupt as e:
         signum = getattr(e, "sigval", signal.SIGINT)

@@ -95,28 +95,19 @@ def stop_workers_and_wait(timeout_s: float) -> None:
     signal within the trainer's repeat window is ignored (trainers.stop). The workers of the other
     nodes stop at the same step: the ranks agree on a stop at every step boundary.
     """
-    import psutil
+    import os
 
-    me = psutil.Process()
-    workers = me.children()
-    for worker in workers:
+    from launcher.processes import running_worker_pids
+
+    for pid in running_worker_pids():
         try:
-            worker.send_signal(STOP_SIGNAL)
-        except psutil.NoSuchProcess:
+            os.kill(pid, STOP_SIGNAL)
+        except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_running(w) for w in workers):
-        time.sleep(0.2)  # not waitpid: the agent reaps its own workers once this handler returns
+    while time.monotonic() < deadline and running_worker_pids():
+        time.sleep(0.2)
     log.info("workers stopped after a checkpoint; requeueing")
-
-
-def _running(proc: Any) -> bool:
-    import psutil
-
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def archive_rank_logs(run_dir: Path, attempt: int) -> None:

@@ -29,7 +29,7 @@ def parse_run_args(command: str, description: str, argv: List[str],
 
     p = OneLineParser(prog=f"python -m launcher {command}", description=description)
     p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
-    p.add_argument("--output-dir", default="runs", metavar="DIR", help="where run ids and job ids are looked up (default runs)")
+    p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")
     if more is not None:
         more(p)
     try:
@@ -38,7 +38,7 @@ def parse_run_args(command: str, description: str, argv: List[str],
         return int(e.code or 0)
 
 
-def find_run(run: str, output_dir: str = "runs") -> Tuple[Path, Dict[str, Any]]:
+def find_run(run: str, output_dir: str = "launcher_runs") -> Tuple[Path, Dict[str, Any]]:
     """RUN is a run directory, a run id under output_dir, or a SLURM job id recorded in one's job.json."""
     for candidate in (Path(run), Path(output_dir) / run):
         if (candidate / JOB_FILE).is_file():

@@ -96,7 +96,7 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         raise LaunchError("sbatch not found: --cluster slurm needs SLURM's client commands on this machine "
                           "(or run here with --cluster local)")
     create_run_dir(cfg.output_dir, cfg.run_id)
-    write_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     job = _submit(executor, cfg)
     record = {"job_id": job.job_id, "cluster": "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
               "run_dir": str(run_dir), "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "slurm_folder": str(run_dir / "slurm")}

@@ -55,6 +55,19 @@ def descendants(pid: int) -> List[psutil.Process]:
         return []
 
 
+def worker_processes(pid: int) -> List[psutil.Process]:
+    """The launcher's worker processes (and their children): its descendants less the zygote they fork from."""
+    found = []
+    for p in descendants(pid):
+        try:
+            if p.ppid() == pid and "zygote" in p.cmdline():
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        found.append(p)
+    return found
+
+
 def wait_gone(procs: List[psutil.Process], timeout: float) -> List[psutil.Process]:
     """The processes still alive after timeout (zombies count as gone)."""
     deadline = time.monotonic() + timeout

@@ -9,7 +9,7 @@ from launcher.errors import ConfigError
 def test_defaults_have_the_documented_keys():
     cfg = load_config()
     assert isinstance(cfg, Config)
-    assert (cfg.seed, cfg.output_dir, cfg.trainer.strategy, cfg.model.name, cfg.wandb.mode) == (0, "runs", "ddp", "mlp", "offline")
+    assert (cfg.seed, cfg.output_dir, cfg.trainer.strategy, cfg.model.name, cfg.wandb.mode) == (0, "launcher_runs", "ddp", "mlp", "offline")
     assert cfg.trainer.steps > 0 and cfg.trainer.lr > 0 and cfg.data.batch_size > 0
 
 

@@ -96,7 +96,7 @@ def test_forked_and_spawned_workers_train_identically(tmp_path):
     assert results["fork"]["final_loss"] == results["spawn"]["final_loss"]
 
 
-def test_parent_with_a_started_thread_pool_falls_back_to_spawn(tmp_path):
+def test_a_launcher_process_with_a_started_thread_pool_still_forks_workers_from_the_zygote(tmp_path):
     code = textwrap.dedent(f"""
         import sys, torch
         x = torch.randn(256, 256)
@@ -106,13 +106,12 @@ def test_parent_with_a_started_thread_pool_falls_back_to_spawn(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    assert "fork is unsafe here" in proc.stderr and "thread" in proc.stderr
     plan = json.loads((only_run_dir(tmp_path) / "plan.json").read_text())
-    assert plan["start_method"] == "spawn"
+    assert plan["start_method"] == "fork"  # the zygote is a fresh process: the launcher's threads are not its own
 
 
 @pytest.mark.gpu
-def test_parent_with_cuda_initialised_falls_back_to_spawn(tmp_path):
+def test_a_launcher_process_with_cuda_initialised_still_forks_workers_from_the_zygote(tmp_path):
     import torch
 
     if not torch.cuda.is_available():
@@ -125,4 +124,4 @@ def test_parent_with_cuda_initialised_falls_back_to_spawn(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    assert "CUDA is already initialised" in proc.stderr
+    assert json.loads((only_run_dir(tmp_path) / "plan.json").read_text())["start_method"] == "fork"

@@ -22,26 +22,34 @@ def test_cpu_box_runs_gloo_workers_and_says_so():
 
 def test_cuda_box_uses_nccl_and_refuses_more_gpus_than_visible():
     plan = plan_for(["gpus=2"], Hardware(cuda_devices=4, cpu_cores=16))
-    assert (plan.device_type, plan.backend, plan.notices) == ("cuda", "nccl", ())
+    assert (plan.device_type, plan.backend) == ("cuda", "nccl") and not any("CPU" in n for n in plan.notices)
     with pytest.raises(ConfigError, match="--gpus 8 but CUDA shows 4"):
         plan_for(["gpus=8"], Hardware(cuda_devices=4, cpu_cores=16))
 
 
-def test_threads_share_the_cores():
+def test_threads_share_the_cores_unless_the_user_exported_them():
     assert plan_for(["gpus=2"]).worker_env["OMP_NUM_THREADS"] == "1"
     assert plan_for(["gpus=4"]).omp_threads == 1
     assert plan_for(["gpus=1"]).omp_threads == 2
     assert plan_for(["gpus=2"], Hardware(0, 16)).omp_threads == 8
+    assert any("OMP_NUM_THREADS=8 per worker" in n for n in plan_for(["gpus=2"], Hardware(0, 16)).notices)
+    exported = plan_for(["gpus=2"], Hardware(0, 16, omp_threads_env=3))  # torchrun keeps an exported value
+    assert exported.omp_threads == 3 and "OMP_NUM_THREADS" not in exported.worker_env
+    assert not any("OMP_NUM_THREADS" in n for n in exported.notices)
+    assert plan_for(["gpus=2", "launcher.omp_threads=5"], Hardware(0, 16, omp_threads_env=3)).worker_env["OMP_NUM_THREADS"] == "5"
 
 
-def test_start_method_falls_back_to_spawn_when_fork_is_unsafe():
-    assert plan_for([]).start_method == "fork"
+def test_workers_fork_from_the_zygote_unless_spawn_is_asked_for():
+    assert plan_for([]).start_method == "fork" and "zygote" in plan_for([]).start_method_reason
     assert plan_for(["launcher.start_method=spawn"]).start_method == "spawn"
-    unsafe = Hardware(cuda_devices=0, cpu_cores=2, fork_unsafe_reason="CUDA is already initialised")
-    assert plan_for([], unsafe).start_method == "spawn"
-    assert "CUDA is already initialised" in plan_for([], unsafe).start_method_reason
-    with pytest.raises(ConfigError, match="use launcher.start_method=spawn"):
-        plan_for(["launcher.start_method=fork"], unsafe)
+
+
+def test_a_script_sees_launcher_variables_only_while_the_watchdog_is_on(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    script = [f"script.path={tmp_path / 'train.py'}"]
+    assert set(plan_for(script).worker_env) == {"OMP_NUM_THREADS", "LAUNCHER_RUN_DIR", "LAUNCHER_WATCHDOG_TIMEOUT_S"}
+    assert set(plan_for([*script, "watchdog.timeout_s=0"]).worker_env) == {"OMP_NUM_THREADS"}
+    assert set(plan_for([*script, "watchdog.timeout_s=0"], Hardware(0, 2, omp_threads_env=2)).worker_env) == set()
 
 
 def test_plan_works_around_the_shared_store_restart_bug():

@@ -25,7 +25,7 @@ def snapshot(root):
 @pytest.fixture
 def runs(tmp_path):
     """A run directory with a recorded config but no checkpoint, and a directory that is no run."""
-    run = tmp_path / "runs" / "20260101-000000-abcdef"
+    run = tmp_path / "launcher_runs" / "20260101-000000-abcdef"
     (run / "logs").mkdir(parents=True)
     (run / "config.yaml").write_text(RECORDED)
     (run / "plan.json").write_text("{}")
@@ -35,15 +35,15 @@ def runs(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["resume", "no-such-run"], "no run 'no-such-run': pass a run directory or a run id under runs/"),
+    (["resume", "no-such-run"], "no run 'no-such-run': pass a run directory or a run id under launcher_runs/"),
     (["resume", "not-a-run"], "is not a launcher run directory (no config.yaml and plan.json)"),
     (["resume", "20260101-000000-abcdef"], "has no usable checkpoint in"),
-    (["resume", "runs/20260101-000000-abcdef", "model.hidden=128"],
+    (["resume", "launcher_runs/20260101-000000-abcdef", "model.hidden=128"],
      "model.hidden cannot change on resume (the checkpoint holds a model of the recorded shape)"),
-    (["resume", "runs/20260101-000000-abcdef", "gpus=4"], "gpus cannot change on resume (data positions and RNG states"),
-    (["resume", "runs/20260101-000000-abcdef", "trainer.strategy=fsdp"], "trainer.strategy cannot change on resume"),
-    (["resume", "runs/20260101-000000-abcdef", "trainer.steps"], "is not key=value"),
-    (["resume", "runs/20260101-000000-abcdef", "trainer.steps=lots"], "wrong type for 'trainer.steps'"),
+    (["resume", "launcher_runs/20260101-000000-abcdef", "gpus=4"], "gpus cannot change on resume (data positions and RNG states"),
+    (["resume", "launcher_runs/20260101-000000-abcdef", "trainer.strategy=fsdp"], "trainer.strategy cannot change on resume"),
+    (["resume", "launcher_runs/20260101-000000-abcdef", "trainer.steps"], "is not key=value"),
+    (["resume", "launcher_runs/20260101-000000-abcdef", "trainer.steps=lots"], "wrong type for 'trainer.steps'"),
     (["resume"], "the following arguments are required: RUN"),
 ])
 def test_bad_resume_is_one_line_and_changes_nothing(runs, argv, words):
@@ -62,7 +62,7 @@ def test_resume_of_a_run_at_its_last_step_says_how_to_go_further(runs):
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        save_steps(runs / "runs" / "20260101-000000-abcdef" / "checkpoints", [20])
+        save_steps(runs / "launcher_runs" / "20260101-000000-abcdef" / "checkpoints", [20])
     finally:
         dist.destroy_process_group()
     result = run_launcher(["resume", "20260101-000000-abcdef"], cwd=runs, timeout=60)

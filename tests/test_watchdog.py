@@ -10,7 +10,7 @@ import time
 import pytest
 
 from launcher.watchdog import RankBeat, main_thread_frames, stuck_ranks, where
-from tests.helpers import QUICK, descendants, kill_group, launcher_env, only_run_dir, read_summary, wait_gone
+from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_summary, wait_gone, worker_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,9 +52,9 @@ def launch(tmp_path, args, env=None):
         start_new_session=True,
     )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(descendants(proc.pid)) < 2 and proc.poll() is None:
+    while time.monotonic() < deadline and len(worker_processes(proc.pid)) < 2 and proc.poll() is None:
         time.sleep(0.05)
-    return proc, descendants(proc.pid)
+    return proc, worker_processes(proc.pid)
 
 
 def finish(proc, timeout):
