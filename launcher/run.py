@@ -144,6 +144,9 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, node: Any =
         finish(run_dir, base, None, "interrupted", started)
         log.info(f"stopped by signal {signum}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
         return 128 + int(signum)
+    killed = sorted(r["rank"] for r in results.values() if isinstance(r, dict) and r.get("hung_at_exit"))
+    if killed:  # launcher.processes: finished their script, then hung in the interpreter's exit
+        base["ranks_killed_at_exit"] = killed
     summary = finish(run_dir, base, first_result(results), "completed", started, restarts=restarts)
     log.info(one_line_summary(summary, run_dir))
     return 0

@@ -96,3 +96,72 @@ def test_script_exit_code_is_reported(tmp_path):
     result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "exit3.py"], cwd=tmp_path)
     assert result.returncode == 1
     assert "rank 0 failed: exit code 3" in result.stderr
+
+
+def test_a_rank_that_hangs_at_exit_after_its_script_returned_is_named_killed_and_the_job_completes(tmp_path):
+    """The exit-hang bound: the script's own result stands (exit 0), the rank is named, nothing is left."""
+    (tmp_path / "exit_hang.py").write_text(textwrap.dedent("""
+        import atexit, os, time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        dist.destroy_process_group()
+        if os.environ["RANK"] == "1":
+            atexit.register(time.sleep, 3600)  # the interpreter's exit never ends
+    """))
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "launcher.exit_timeout_s=3",
+                           "exit_hang.py"], cwd=tmp_path, timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1 finished its script (exit code 0) but its process did not exit within 3s" in result.stderr
+    summary = read_summary(only_run_dir(tmp_path / "runs"))
+    assert summary["status"] == "completed" and summary["ranks_killed_at_exit"] == [1]
+
+
+def test_a_script_restarted_after_a_failure_counts_its_restarts_and_promises_no_checkpoint(tmp_path):
+    (tmp_path / "flaky.py").write_text(textwrap.dedent("""
+        import os, sys
+        if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            sys.exit(7)
+    """))
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "--max-restarts", "1", "flaky.py"],
+                          cwd=tmp_path, timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1 failed: exit code 7" in result.stderr and "your script starts again from its beginning" in result.stderr
+    assert "checkpoint" not in result.stderr
+    assert read_summary(only_run_dir(tmp_path / "runs"))["restarts"] == 1
+
+
+def test_the_failure_line_names_only_ranks_that_failed_on_their_own(tmp_path):
+    """Rank 0 finishes, rank 1 fails later: rank 0 is not 'failed too'."""
+    (tmp_path / "late.py").write_text(textwrap.dedent("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            time.sleep(1.5)
+            raise RuntimeError("late failure")
+    """))
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "late.py"], cwd=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 1 failed: exit code 1: RuntimeError: late failure") and "failed too" not in last
+
+
+def test_stdout_and_stderr_stay_apart_and_a_progress_bar_keeps_its_lines(tmp_path):
+    (tmp_path / "streams.py").write_text(textwrap.dedent("""
+        import sys, time
+        print("to-stdout")
+        print("to-stderr", file=sys.stderr)
+        for i in range(3):
+            sys.stderr.write(f"\\rprogress {i}/3")
+            sys.stderr.flush()
+            time.sleep(0.05)
+        sys.stderr.write("\\n")
+        print("[rank0]:[W torch-style warning]", file=sys.stderr)
+    """))
+    result = run_launcher(["--gpus", "1", f"output_dir={tmp_path / 'runs'}", "streams.py"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[rank0]: to-stdout" in result.stdout and "to-stderr" not in result.stdout
+    assert "[rank0]: to-stderr" in result.stderr and "to-stdout" not in result.stderr
+    assert "[rank0]: progress 2/3\n" in result.stderr  # whole segments, each with one prefix
+    assert "[rank0]: [rank0]:" not in result.stderr and "[rank0]:[W torch-style warning]" in result.stderr
+    log = (only_run_dir(tmp_path / "runs") / "logs" / "rank-0.log").read_bytes()
+    assert b"to-stdout" in log and b"to-stderr" in log and b"\rprogress 1/3" in log  # the log is byte for byte
