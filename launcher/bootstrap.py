@@ -24,8 +24,7 @@ import sys
 
 del sys.path[0]  # this file's folder (launcher/): nothing of the project may shadow a script's imports
 
-import faulthandler  # noqa: E402  (after the sys.path fix, on purpose)
-import json  # noqa: E402
+import json  # noqa: E402  (after the sys.path fix, on purpose)
 import os  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
@@ -183,10 +182,13 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
 
 
 def fresh_random_state() -> None:
-    """A forked worker would share the zygote's numpy seed with every other rank; torchrun's don't."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
+    """A forked worker would share the zygote's numpy seed with every other rank; torchrun's don't.
+
+    ``random`` reseeds itself after a fork; numpy's global generator exists only once numpy.random
+    was imported (torch does not import it), and then it is reseeded from the OS, as at its import.
+    """
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
 
 
 def register_heartbeat(where: "dict | None") -> "str | None":
@@ -205,6 +207,8 @@ def register_heartbeat(where: "dict | None") -> "str | None":
     os.replace(tmp, path)
     stacks = os.path.join(run_dir, "stacks", f"rank-{rank}.txt")
     os.makedirs(os.path.dirname(stacks), exist_ok=True)
+    import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
+
     global _stack_file
     _stack_file = open(stacks, "w")  # kept open: faulthandler writes to its fd
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)

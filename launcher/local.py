@@ -72,15 +72,12 @@ def worker_job(plan: LaunchPlan, config: Dict[str, Any]) -> WorkerJob:
     """What this node's workers run, and in what environment (the agent's own variables left out)."""
     script = config["script"]
     kind = "trainer" if script["path"] is None else ("module" if script["module"] else "script")
-    env = {k: v for k, v in os.environ.items() if k not in plan.agent_env and k not in AGENT_ONLY_ENV}
-    env.update(plan.worker_env)
-    if kind == "trainer" and "LAUNCHER_START_TIME" in os.environ:
-        env["LAUNCHER_START_TIME"] = os.environ["LAUNCHER_START_TIME"]  # the trainer's time to first step
+    dropped = tuple(plan.agent_env) + (AGENT_ONLY_ENV if kind != "trainer" else ())  # the trainer times its first step
     watchdog_s = float(config.get("watchdog", {}).get("timeout_s", 0))
-    return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir, base_env=env,
-                     start_method=plan.start_method, exit_timeout_s=float(config["launcher"]["exit_timeout_s"]),
-                     heartbeat=watchdog_s > 0, config=config if kind == "trainer" else {},
-                     slurm="SLURM_JOB_ID" in os.environ)
+    return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir,
+                     added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,
+                     exit_timeout_s=float(config["launcher"]["exit_timeout_s"]), heartbeat=watchdog_s > 0,
+                     config=config if kind == "trainer" else {}, slurm="SLURM_JOB_ID" in os.environ)
 
 
 def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, Any]], attempt: int) -> str:

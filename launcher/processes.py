@@ -44,7 +44,8 @@ class WorkerJob:
     target: Optional[str]  # the script path or module name
     args: tuple
     run_dir: str
-    base_env: Dict[str, str]  # the workers' environment before torch's per-rank variables
+    added_env: Dict[str, str]  # what the launcher adds to the agent's environment (plan.worker_env)
+    dropped_env: tuple  # the agent's own variables, which workers do not get
     start_method: str  # fork (from the zygote) | spawn (fresh interpreters)
     exit_timeout_s: float
     heartbeat: bool  # register each rank with the hang watchdog (stack dumps, heartbeat files)
@@ -81,12 +82,19 @@ class WorkerProcesses(PContext):
 
     # ---- start
 
+    def base_env(self) -> Dict[str, str]:
+        """The agent's environment as it is now (torch's launch_agent adds to it), less its own variables."""
+        env = {k: v for k, v in os.environ.items() if k not in self.job.dropped_env}
+        env.update(self.job.added_env)
+        return env
+
     def _start(self) -> None:
+        base = self.base_env()
         zygote = Zygote.current() if self.job.start_method == "fork" else None
         if self.job.start_method == "fork" and zygote is None:
-            zygote = Zygote.start("trainer" if self.job.kind == "trainer" else "script", self.job.base_env)
+            zygote = Zygote.start("trainer" if self.job.kind == "trainer" else "script", base)
         for local_rank in range(self.nprocs):
-            env = {**self.job.base_env, **self.envs[local_rank]}
+            env = {**base, **self.envs[local_rank]}
             rank = int(env["RANK"])
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()

@@ -1,0 +1,239 @@
+"""A user's script sees under the launcher what it sees under torchrun: environment, interpreter
+state, loaded modules, start methods, streams, failures and final results.
+
+Each script shape (tests/scripts/) runs once under `python -m launcher --gpus 2` and once under
+`torchrun --nproc-per-node 2`, in the same folder with the same environment; the tests below
+share those runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pytest
+
+from tests.helpers import REPO, kill_group, launcher_env, only_run_dir, run_launcher
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+RUN_TIMEOUT_S = 150
+# Exported to both runs, so both see the same value (the launcher keeps an exported OMP_NUM_THREADS).
+COMMON_ENV = {"OMP_NUM_THREADS": "1"}
+# Values that differ per run: compared by presence only.
+PER_RUN = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+# README, Differences from torchrun: the launcher's agent serves no store to its workers.
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+# Set for a script only while the watchdog is on (watchdog.timeout_s > 0).
+WATCHDOG_ENV = ("LAUNCHER_RUN_DIR", "LAUNCHER_WATCHDOG_TIMEOUT_S")
+PROJECT = ("launcher", "trainers", "cluster", "omegaconf", "psutil", "wandb", "submitit")
+# Standard-library modules a worker may hold that torchrun's does not, by shape. With the watchdog
+# on, the worker bootstrap imports faulthandler to dump stacks (it registers a signal, never enables
+# it); with it off, nothing.
+STDLIB_ALLOWANCE = {"plain": frozenset(), "spawned": frozenset({"faulthandler"})}
+
+
+@dataclass
+class Runs:
+    """One script shape run under both launchers."""
+
+    ours: subprocess.CompletedProcess
+    theirs: subprocess.CompletedProcess
+    ours_out: Path  # the --out folder each run's script wrote to
+    theirs_out: Path
+    runs: Path  # the launcher's output_dir
+
+    def seen(self, rank: int) -> "tuple[dict, dict]":
+        """What the observer recorded on one rank: (ours, torchrun's), output folders replaced by OUT."""
+        assert self.ours.returncode == 0, self.ours.stderr[-3000:]
+        assert self.theirs.returncode == 0, self.theirs.stderr[-3000:]
+        pair = []
+        for out in (self.ours_out, self.theirs_out):
+            seen = json.loads((out / f"seen-{rank}.json").read_text())
+            seen["argv"] = [a.replace(str(out), "OUT") for a in seen["argv"]]
+            pair.append(seen)
+        return pair[0], pair[1]
+
+
+def run_torchrun(args: List[str], cwd: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    """torchrun ARGS to completion; on timeout kill its whole process group and fail."""
+    # plain torchrun, as users type it: one node, so a c10d rendezvous on localhost and a free port
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args]
+    proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"torchrun timed out after {RUN_TIMEOUT_S}s\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def run_both(workdir: Path, script: str, args: Sequence[str] = (), overrides: Sequence[str] = (),
+             env: Optional[Dict[str, str]] = None) -> Runs:
+    """SCRIPT ARGS --out DIR under the launcher, then under torchrun, both started in workdir."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPTS / script, workdir / script)
+    env = {**COMMON_ENV, **(env or {})}
+    ours_out, theirs_out = workdir / "ours", workdir / "theirs"
+    ours_out.mkdir()
+    theirs_out.mkdir()
+    runs = workdir / "runs"
+    ours = run_launcher(["--gpus", "2", f"output_dir={runs}", *overrides, script, *args, "--out", str(ours_out)],
+                        cwd=workdir, timeout=RUN_TIMEOUT_S, env=env)
+    theirs = run_torchrun([script, *args, "--out", str(theirs_out)], cwd=workdir, env=env)
+    return Runs(ours, theirs, ours_out, theirs_out, runs)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The observer, watchdog off: the launcher may add nothing to the environment."""
+    return run_both(tmp_path_factory.mktemp("plain"), "observer.py", ["--flag", "x y"], ["watchdog.timeout_s=0"])
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The observer choosing the spawn start method itself, watchdog on (the default)."""
+    return run_both(tmp_path_factory.mktemp("spawned"), "observer.py", ["--spawn"])
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return run_both(tmp_path_factory.mktemp("failing"), "fail_rank1.py")
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return run_both(tmp_path_factory.mktemp("ddp"), "ddp_tutorial.py")
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    workdir = tmp_path_factory.mktemp("hf")
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(workdir / "hf-home")}  # nothing downloads
+    return run_both(workdir, "hf_trainer.py", env=offline)
+
+
+def env_differences(ours: Dict[str, str], theirs: Dict[str, str], watchdog: bool) -> Dict[str, tuple]:
+    """Check the named differences; return every other variable whose value differs, as (ours, torchrun's)."""
+    for key in PER_RUN:
+        assert (key in ours) == (key in theirs), f"{key}: ours {ours.get(key)!r}, torchrun's {theirs.get(key)!r}"
+    assert ours.get(AGENT_STORE) == "False" and AGENT_STORE in theirs
+    assert ours.get("ROLE_NAME") == theirs.get("ROLE_NAME") == "default"
+    if not watchdog:
+        assert not [k for k in WATCHDOG_ENV if k in ours]
+    named = set(PER_RUN) | {AGENT_STORE} | set(WATCHDOG_ENV)
+    keys = (set(ours) | set(theirs)) - named
+    return {k: (ours.get(k), theirs.get(k)) for k in sorted(keys) if ours.get(k) != theirs.get(k)}
+
+
+def test_a_script_gets_torchruns_environment_and_no_variable_of_ours_without_the_watchdog(plain):
+    for rank in range(2):
+        ours, theirs = plain.seen(rank)
+        assert env_differences(ours["env"], theirs["env"], watchdog=False) == {}
+
+
+def test_with_the_watchdog_on_a_script_gets_exactly_its_two_variables_more(spawned):
+    run_dir = only_run_dir(spawned.runs)
+    for rank in range(2):
+        ours, theirs = spawned.seen(rank)
+        assert ours["env"].get("LAUNCHER_RUN_DIR") == str(run_dir)
+        assert ours["env"].get("LAUNCHER_WATCHDOG_TIMEOUT_S") == "300"
+        assert not [k for k in WATCHDOG_ENV if k in theirs["env"]]
+        assert env_differences(ours["env"], theirs["env"], watchdog=True) == {}
+
+
+@pytest.mark.parametrize("shape, start_method", [("plain", None), ("spawned", "spawn")])
+def test_a_script_sees_torchruns_interpreter(request, shape, start_method):
+    runs = request.getfixturevalue(shape)
+    for rank in range(2):
+        ours, theirs = runs.seen(rank)
+        assert ours["path"] == theirs["path"]  # element by element: the script's folder first, then PYTHONPATH, ...
+        for key in ("argv", "name", "file", "loader", "spec_is_none", "package", "start_method", "cwd", "threads"):
+            assert ours[key] == theirs[key], key
+        assert ours["name"] == "__main__" and ours["loader"] == "SourceFileLoader"
+        assert ours["spec_is_none"] and ours["package"] is None
+        assert ours["start_method"] == start_method
+        assert ours["file"] == str(Path(ours["cwd"]) / "observer.py") and ours["argv"][0] == "observer.py"
+        assert ours["threads"] == 1
+
+
+@pytest.mark.parametrize("shape", ["plain", "spawned"])
+def test_no_module_of_the_project_is_loaded_and_only_named_stdlib_modules_are_added(request, shape):
+    runs = request.getfixturevalue(shape)
+    for rank in range(2):
+        ours, theirs = runs.seen(rank)
+        assert ours["project_modules"] == [] and theirs["project_modules"] == []
+        assert [project for _, project in ours["children"] if project] == []  # nor in its loader workers
+        unexpected = sorted(set(ours["modules"]) - set(theirs["modules"]) - STDLIB_ALLOWANCE[shape])
+        assert unexpected == [], f"rank {rank} holds modules torchrun's does not: {unexpected}"
+
+
+@pytest.mark.parametrize("shape, child_main", [("plain", "__main__"), ("spawned", "__mp_main__")])
+def test_loader_workers_run_as_under_torchrun_also_when_the_script_chooses_spawn(request, shape, child_main):
+    runs = request.getfixturevalue(shape)
+    for rank in range(2):
+        ours, theirs = runs.seen(rank)
+        assert ours["loader_total"] == theirs["loader_total"] == 2 * sum(range(64))
+        assert ours["children"] == theirs["children"] == [[child_main, ""]]
+
+
+def test_stdout_and_stderr_stay_apart(plain):
+    assert plain.ours.returncode == 0, plain.ours.stderr[-3000:]
+    out, err = plain.ours.stdout.splitlines(), plain.ours.stderr.splitlines()
+    assert "[rank0]: ERR-LINE" in err and not [line for line in out if "ERR-LINE" in line]
+    assert [line for line in out if line.endswith("OUT-LINE")] and not [line for line in err if "OUT-LINE" in line]
+    log = (only_run_dir(plain.runs) / "logs" / "rank-0.log").read_text()
+    assert "OUT-LINE" in log and "ERR-LINE" in log
+    # the same split under torchrun, whose workers write to the console directly
+    assert "ERR-LINE" not in plain.theirs.stdout and "OUT-LINE" not in plain.theirs.stderr
+
+
+def rank_lines(text: str, rank: int) -> List[str]:
+    prefix = f"[rank{rank}]: "
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def frames(lines: List[str]) -> List[str]:
+    return [line.strip() for line in lines if line.lstrip().startswith('File "')]
+
+
+def test_a_failing_rank_is_named_and_its_traceback_holds_only_the_scripts_frames(failing):
+    assert failing.theirs.returncode == 1
+    assert failing.ours.returncode == 1, failing.ours.stderr[-3000:]
+    last = failing.ours.stderr.strip().splitlines()[-1]
+    assert "rank 1" in last and "ValueError: boom" in last, failing.ours.stderr[-3000:]
+    traceback = rank_lines(failing.ours.stderr, 1)
+    assert "Traceback (most recent call last):" in traceback and "ValueError: boom" in traceback, failing.ours.stderr
+    launcher_dir = str(REPO / "launcher") + os.sep
+    assert [f for f in frames(traceback) if launcher_dir in f] == []
+    # exactly the frames torchrun's worker printed (its agent's own traceback has none of the script's)
+    theirs = [f for f in frames(failing.theirs.stderr.splitlines()) if "fail_rank1.py" in f]
+    assert len(theirs) == 3 and frames(traceback) == theirs  # <module>, main, step
+
+
+def same_results(runs: Runs) -> None:
+    """Rank 0's parameters after training, exactly: same seeds, same data, one thread, gloo on CPU."""
+    for result in (runs.ours, runs.theirs):
+        assert result.returncode == 0, result.stderr[-3000:]
+    ours, theirs = (json.loads((out / "result.json").read_text()) for out in (runs.ours_out, runs.theirs_out))
+    assert ours["checksum"] == theirs["checksum"]
+    assert sorted(ours["params"]) == sorted(theirs["params"])
+    differing = [name for name in ours["params"] if ours["params"][name] != theirs["params"][name]]
+    assert differing == []
+
+
+def test_the_ddp_tutorial_ends_with_torchruns_parameters(ddp):
+    same_results(ddp)
+
+
+def test_a_hugging_face_trainer_ends_with_torchruns_parameters(hf):
+    same_results(hf)
