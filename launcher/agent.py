@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from launcher.failures import FailureWatch
 from launcher.processes import WorkerJob, WorkerProcesses
@@ -23,11 +23,10 @@ def launcher_worker() -> None:
 
 
 class AgentRecord:
-    """What the agent of this launch did: its restarts and its current worker processes."""
+    """What the agent of this launch did: its restarts (launcher.processes keeps the current workers)."""
 
     def __init__(self) -> None:
         self.restarts = 0
-        self.processes: Optional[WorkerProcesses] = None
 
 
 @contextlib.contextmanager
@@ -41,7 +40,6 @@ def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord
     def start_processes(name: str, entrypoint: Any, args: Any, envs: Any, logs_specs: Any,
                         log_line_prefixes: Any = None, **_: Any) -> WorkerProcesses:
         processes = WorkerProcesses(name, entrypoint, args, envs, logs_specs, log_line_prefixes, job)
-        record.processes = processes
         processes.start()
         return processes
 

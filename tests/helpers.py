@@ -27,16 +27,20 @@ def launcher_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 
 def run_launcher(args: List[str], cwd: Path, timeout: float = 120, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Run `python -m launcher ARGS` to completion; on timeout kill its whole process group and fail."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", *args], cwd=cwd, env=launcher_env(env),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
+    return run_bounded([sys.executable, "-m", "launcher", *args], cwd, timeout, env, "launcher")
+
+
+def run_bounded(argv: List[str], cwd: Path, timeout: float, env: Optional[Dict[str, str]] = None,
+                what: str = "command") -> subprocess.CompletedProcess:
+    """Run argv (in its own session, launcher_env(env)) to completion; on timeout kill its process group and fail."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         out, err = proc.communicate()
-        raise AssertionError(f"launcher timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+        raise AssertionError(f"{what} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from tests.helpers import REPO, kill_group, launcher_env, only_run_dir, run_launcher
+from tests.helpers import REPO, only_run_dir, run_bounded, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -66,15 +66,7 @@ def run_torchrun(args: List[str], cwd: Path, env: Dict[str, str]) -> subprocess.
     """torchrun ARGS to completion; on timeout kill its whole process group and fail."""
     # plain torchrun, as users type it: one node, so a c10d rendezvous on localhost and a free port
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args]
-    proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, err = proc.communicate()
-        raise AssertionError(f"torchrun timed out after {RUN_TIMEOUT_S}s\nstdout:\n{out}\nstderr:\n{err}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_bounded(argv, cwd, RUN_TIMEOUT_S, env, "torchrun")
 
 
 def run_both(workdir: Path, script: str, args: Sequence[str] = (), overrides: Sequence[str] = (),
