@@ -1,5 +1,5 @@
 """A distributed training launcher for PyTorch: one command from laptop to cluster."""
 
-from launcher.beats import heartbeat
+from launcher.runtime.beats import heartbeat
 
 __all__ = ["heartbeat"]

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from launcher.compat import workers_per_node
-from launcher.config import Config
+from launcher.config.compat import workers_per_node
+from launcher.config.schema import Config
 from launcher.errors import ConfigError
-from launcher.features import check_device_features
+from launcher.config.features import check_device_features
+from launcher.runtime import env as names
 
 # The torch 2.13 elastic agent shares its rendezvous TCPStore with the workers; restarted
 # workers then read the dead attempt's gloo addresses and hang (FACTS.md, pytorch#135712).
@@ -45,7 +47,7 @@ class LaunchPlan:
     rdzv_endpoint: str  # host:port; port 0 = pick a free one at launch time
     rdzv_id: str
     rdzv_timeout_s: int
-    start_method: str  # fork (from the warm zygote, launcher.zygote) | spawn (fresh interpreters)
+    start_method: str  # fork (from the warm zygote, launcher.agent.zygote) | spawn (fresh interpreters)
     start_method_reason: str
     max_restarts: int
     omp_threads: int
@@ -53,7 +55,7 @@ class LaunchPlan:
     worker_env: Dict[str, str] = field(default_factory=dict)
     agent_env: Dict[str, str] = field(default_factory=dict)
     notices: Tuple[str, ...] = ()
-    mode: str = "single"  # single | simulated | static | c10d (launcher.multinode)
+    mode: str = "single"  # single | simulated | static | c10d (launcher.config.rendezvous)
     node_rank: Optional[int] = None  # this node's rank where known before the rendezvous (static)
     shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
 
@@ -97,7 +99,7 @@ def worker_env(cfg: Config, run_dir: str, omp: int, hw: Hardware) -> Dict[str, s
     if omp != hw.omp_threads_env:
         env["OMP_NUM_THREADS"] = str(omp)
     if cfg.watchdog.timeout_s > 0 or cfg.script.path is None:
-        env.update(LAUNCHER_RUN_DIR=run_dir, LAUNCHER_WATCHDOG_TIMEOUT_S=f"{cfg.watchdog.timeout_s:g}")
+        env.update({names.RUN_DIR: run_dir, names.WATCHDOG_TIMEOUT_S: f"{cfg.watchdog.timeout_s:g}"})
     return env
 
 
@@ -106,7 +108,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
 
     free_port: a TCP port the caller found free, for the nodes of a simulated multi-node job to meet on.
     """
-    from launcher.multinode import rendezvous_fields
+    from launcher.config.rendezvous import rendezvous_fields
 
     notices = []
     workers = workers_per_node(cfg)
@@ -150,3 +152,13 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         # workers stop themselves checkpoint.grace_s after the signal; the agent's SIGKILL is the backstop
         shutdown_timeout_s=int(cfg.checkpoint.grace_s) + 2,
     )
+
+
+def detect_hardware() -> Hardware:
+    """Ask torch what this machine has, without initialising CUDA in this process."""
+    import torch  # here, not at the top: the plan's other functions are pure and load nothing
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    exported = os.environ.get("OMP_NUM_THREADS", "")
+    return Hardware(cuda_devices=cuda, cpu_cores=cores, omp_threads_env=int(exported) if exported.isdigit() and int(exported) > 0 else None)

@@ -1,14 +1,23 @@
-"""The run directory: <output_dir>/<run_id>/ with config.yaml, plan.json, logs/, metrics.jsonl, summary.json."""
+"""The run directory: <output_dir>/<run_id>/ with config.yaml, plan.json, logs/, metrics.jsonl, summary.json.
+
+Every backend prepares it and writes summary.json through this module, so each run directory
+has the same files and each summary the same base fields, wherever the job ran.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
+from launcher.config.schema import Config, to_yaml
 from launcher.errors import ConfigError
+from launcher.logs import setup_launcher_logging
+from launcher.plan import LaunchPlan
 
 SUMMARY_KEYS = (
     "run_id", "status", "world_size", "nodes", "gpus_per_node", "backend", "device_type", "strategy",
@@ -67,3 +76,48 @@ def build_summary(base: Dict[str, Any], rank0: Dict[str, Any] | None) -> Dict[st
             if key not in ("rank", "restart_count") and summary.get(key) is None:
                 summary[key] = value
     return summary
+
+
+def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Logger:
+    """config.yaml, plan.json and the launcher's log in a created run directory; say what will run."""
+    run_dir = Path(plan.run_dir)
+    log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
+    write_json(run_dir / "plan.json", plan.to_dict())
+    for notice in plan.notices:
+        log.info(notice)
+    if plan.start_method == "spawn":
+        log.info(plan.start_method_reason)
+    log.info(f"run {plan.run_id}: {plan.world_size} workers ({plan.nodes} node x {plan.workers_per_node}), "
+             f"{plan.backend}, start method {plan.start_method}; run directory {run_dir}")
+    return log
+
+
+def summary_base(cfg: Config, plan: LaunchPlan) -> Dict[str, Any]:
+    """The summary fields every backend knows before the job starts."""
+    builtin = cfg.script.path is None
+    return {
+        "run_id": plan.run_id, "world_size": plan.world_size, "nodes": plan.nodes,
+        "gpus_per_node": plan.workers_per_node, "backend": plan.backend, "device_type": plan.device_type,
+        "strategy": cfg.trainer.strategy if builtin else None, "model": cfg.model.name if builtin else None,
+        "script": cfg.script.path, "restarts": 0,
+    }
+
+
+def finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str, started: float,
+           error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
+    """Write summary.json: the base fields, how the job ended, its wall time and rank 0's figures."""
+    summary = build_summary({**base, "status": status, "wall_s": time.time() - started, "restarts": restarts}, rank0)
+    if error:
+        summary["error"] = error
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def one_line_summary(summary: Dict[str, Any], run_dir: Path) -> str:
+    parts = [f"{summary['status']} in {summary['wall_s']:.1f}s"]
+    if summary.get("samples_per_s"):
+        parts.append(f"{summary['steps']} steps, loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.0f} samples/s")
+    if summary.get("time_to_first_step_s"):
+        parts.append(f"first step after {summary['time_to_first_step_s']:.1f}s")
+    return "; ".join(parts) + f"; run directory {run_dir}"

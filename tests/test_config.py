@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.config import Config, load_config, redact, to_yaml
+from launcher.config.schema import Config, load_config, redact, to_yaml
 from launcher.errors import ConfigError
 
 

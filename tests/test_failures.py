@@ -4,7 +4,7 @@ import os
 import signal
 from types import SimpleNamespace
 
-from launcher.failures import root_cause
+from launcher.agent.failures import root_cause
 
 
 def failure(tmp_path, exitcode, error_at=None):

@@ -114,7 +114,7 @@ def test_compile_wraps_the_compiled_model_and_reports_compile_time_apart(tmp_pat
 
 
 def test_speedup_without_an_accelerator_reports_the_cpu_alone(tmp_path):
-    cmd = [sys.executable, "-m", "launcher.speedup", "--steps", "2", "--hidden", "64"]
+    cmd = [sys.executable, "-m", "launcher.commands.speedup", "--steps", "2", "--hidden", "64"]
     text = subprocess.run(cmd, cwd=REPO, env=launcher_env(), capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     assert "no accelerator visible" in text.stdout and "samples/s" in text.stdout

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from launcher.config import load_config
+from launcher.config.schema import load_config
 from launcher.errors import ConfigError
 from launcher.plan import Hardware, build_plan
 from tests.helpers import run_launcher

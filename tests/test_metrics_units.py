@@ -10,8 +10,8 @@ import torch
 
 from launcher.errors import ConfigError
 from tests.helpers import REPO, launcher_env
-from launcher.scale import build_points, capacity_notice, parse_sizes
-from launcher.scale_report import render_markdown, render_plot, scaling_efficiency, scaling_rows
+from launcher.commands.scale import build_points, capacity_notice, parse_sizes
+from launcher.commands.scale_report import render_markdown, render_plot, scaling_efficiency, scaling_rows
 from trainers.metrics import count_tokens, stragglers
 from trainers.mfu import mfu_figures, mfu_percent, peak_flops, FlopCount
 from trainers.progress import eta_seconds, format_eta

@@ -82,8 +82,8 @@ def test_c10d_admits_nodes_with_different_worker_counts(tmp_path):
 
 
 def node_processes(launcher_pid):
-    """The simulated node agents, node 0 first (their command line is `... launcher.node RUN_DIR K PID`)."""
-    nodes = [p for p in psutil.Process(launcher_pid).children() if "launcher.node" in p.cmdline()]
+    """The simulated node agents, node 0 first (their command line is `... launcher.backends.node RUN_DIR K PID`)."""
+    nodes = [p for p in psutil.Process(launcher_pid).children() if "launcher.backends.node" in p.cmdline()]
     return sorted(nodes, key=lambda p: int(p.cmdline()[-2]))
 
 

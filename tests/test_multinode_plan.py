@@ -2,10 +2,10 @@
 
 import pytest
 
-from launcher.cli import config_overrides, parse_args
-from launcher.config import load_config
+from launcher.usage import config_overrides, parse_args
+from launcher.config.schema import load_config
 from launcher.errors import ConfigError
-from launcher.multinode import launch_mode, rdzv_configs, shared_run_id
+from launcher.config.rendezvous import launch_mode, rdzv_configs, shared_run_id
 from launcher.plan import Hardware, build_plan
 
 CPU = Hardware(cuda_devices=0, cpu_cores=2)
@@ -66,7 +66,7 @@ def test_contradictions_are_config_errors(argv, words):
 
 
 def test_help_says_c10d_admits_different_worker_counts():
-    from launcher.cli import build_parser
+    from launcher.usage import build_parser
 
     text = " ".join(build_parser().format_help().split())
     assert "nodes may run different worker counts" in text

@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher.cli import build_parser, split_argv
-from launcher.config import load_config
+from launcher.usage import build_parser, split_argv
+from launcher.config.schema import load_config
 from launcher.errors import ConfigError
 from launcher.plan import Hardware, build_plan
 
@@ -74,7 +74,7 @@ def test_launch_config_drops_fields_an_older_torch_lacks():
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from launcher.elastic_fixes import launch_config
+    from launcher.agent.elastic_fixes import launch_config
 
     @dataclasses.dataclass
     class OlderLaunchConfig:

@@ -244,7 +244,7 @@ def test_inside_an_allocation_srun_runs_one_node_per_task_without_submitting(run
 
 
 def test_node_list_parsing_agrees_with_scontrol(slurm_env):
-    from cluster.slurm import hostnames_via_scontrol, parse_nodelist
+    from launcher.backends.slurm.environment import hostnames_via_scontrol, parse_nodelist
 
     for text in ("node[1-2]", "node1,node2", "gpu[01-03,7],cpu5", "n[8-10]"):
         assert parse_nodelist(text) == hostnames_via_scontrol(text), text

@@ -13,11 +13,11 @@ from unittest import mock
 
 import pytest
 
-from cluster.slurm import SlurmEnvironment, parse_nodelist, port_for_job
-from launcher.config import load_config
+from launcher.backends.slurm.environment import SlurmEnvironment, parse_nodelist, port_for_job
+from launcher.config.schema import load_config
 from launcher.errors import ConfigError
-from launcher.slurm_job import adopt_allocation, should_submit
-from launcher.slurm_submit import executor_parameters
+from launcher.backends.slurm.environment import adopt_allocation, should_submit
+from launcher.backends.slurm.submit import executor_parameters
 from tests.helpers import REPO, run_launcher
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm_dry_run.txt"

@@ -20,8 +20,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from launcher.compare import run_strategy
-from launcher.config import STRATEGIES, load_config
+from launcher.commands.compare import run_strategy
+from launcher.config.schema import STRATEGIES, load_config
 from launcher.errors import ConfigError
 from tests.helpers import only_run_dir, read_metrics, read_summary, run_launcher
 

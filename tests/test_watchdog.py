@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.watchdog import RankBeat, main_thread_frames, stuck_ranks, where
+from launcher.agent.watchdog import RankBeat, main_thread_frames, stuck_ranks, where
 from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_summary, wait_gone, worker_processes
 
 pytestmark = pytest.mark.timeout(120)
@@ -137,7 +137,7 @@ def test_only_ranks_that_beat_and_went_silent_are_stuck():
 
 
 def test_negative_timeout_is_refused_with_the_fix():
-    from launcher.config import load_config
+    from launcher.config.schema import load_config
     from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"watchdog.timeout_s=-1 .*0 to disable"):

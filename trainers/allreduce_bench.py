@@ -18,8 +18,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from launcher import heartbeat
-from launcher.beats import TIMEOUT_ENV
+from launcher.runtime.beats import TIMEOUT_ENV, heartbeat
 from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, set_threads
 
 WARMUP = 5  # untimed calls per size: connection setup and allocator warm-up

@@ -12,7 +12,9 @@ import os
 import time
 from typing import Dict, Optional, Union
 
-ENV = "LAUNCHER_INJECT_FAULT"
+from launcher.runtime import env
+
+ENV = env.INJECT_FAULT
 ACTIONS = ("raise", "hang")
 
 

@@ -8,8 +8,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from launcher.features import resolve_num_workers, resolve_pin_memory
-
 
 class FeatureTimes:
     """Per-step figures from ``StepResult``s, for the metrics window and the run summary."""
@@ -42,7 +40,7 @@ class FeatureTimes:
 
 
 def loader_settings(cfg: Any, device: torch.device, rank: int) -> Dict[str, Any]:
-    """DataLoader processes and pinned memory for this device (see launcher.features for the defaults)."""
+    """DataLoader processes and pinned memory for this device (see launcher.config.features for the defaults)."""
     pin = resolve_pin_memory(cfg.data.pin_memory, device.type)
     if cfg.data.pin_memory and not pin and rank == 0:
         print("data.pin_memory=true ignored: no CUDA device to copy to", flush=True)
@@ -84,3 +82,15 @@ def _compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def resolve_num_workers(asked: int, device_type: str) -> int:
+    """-1 = auto: loader processes help overlap loading with GPU compute; on CPU they compete for the cores."""
+    if asked >= 0:
+        return asked
+    return 2 if device_type == "cuda" else 0
+
+
+def resolve_pin_memory(asked: Any, device_type: str) -> bool:
+    """Pinned memory only helps host-to-GPU copies; without CUDA it is meaningless."""
+    return device_type == "cuda" and asked is not False

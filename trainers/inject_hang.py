@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import time
 
+from launcher.runtime import env
+
 
 def maybe_hang(rank: int, step: int) -> None:
-    if os.environ.get("LAUNCHER_TEST_HANG_RANK") != str(rank):
+    if os.environ.get(env.TEST_HANG_RANK) != str(rank):
         return
-    if step != int(os.environ.get("LAUNCHER_TEST_HANG_STEP", "1")):
+    if step != int(os.environ.get(env.TEST_HANG_STEP, "1")):
         return
     print(f"rank {rank}: hanging at step {step} (LAUNCHER_TEST_HANG_RANK)", flush=True)
     while True:

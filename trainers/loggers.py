@@ -13,6 +13,8 @@ from pathlib import Path
 import time
 from typing import Any, Dict, List, Optional, Protocol
 
+from launcher.runtime import env
+from launcher.runtime.config import config_record
 from trainers.progress import ProgressBar, eta_seconds, format_eta, use_bar
 from trainers.wandb_logger import WandbLogger, wandb_enabled
 
@@ -107,11 +109,9 @@ def build_loggers(rank: int, run_dir: Optional[str], total_steps: int, cfg: Any 
     if run_dir:
         loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl"))
     if cfg is not None and wandb_enabled(cfg.wandb):
-        from launcher.config import redact, to_dict
-
-        loggers.append(WandbLogger(cfg.wandb, redact(to_dict(cfg)), run_dir))
+        loggers.append(WandbLogger(cfg.wandb, config_record(cfg), run_dir))
     return LoggerGroup(loggers)
 
 
 def run_dir_from_env() -> Optional[str]:
-    return os.environ.get("LAUNCHER_RUN_DIR") or None
+    return os.environ.get(env.RUN_DIR) or None

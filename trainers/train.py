@@ -18,7 +18,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from launcher import heartbeat
+from launcher.runtime import env
+from launcher.runtime.beats import heartbeat
+from launcher.runtime.config import read_config
 from trainers.autobatch import activation_bytes, resolve_auto_batch
 from trainers.checkpointing import Checkpointer, open_epoch
 from trainers.data import build_dataset, build_loader, grouped_batches
@@ -52,7 +54,7 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     except torch.OutOfMemoryError as e:  # outside the loop (model, auto batch); the loop names its step
         raise OutOfMemory(oom_message(env.rank, device, None, cfg)) from e
     # Only on success: a failing rank must not close its connections before its error is recorded,
-    # or its peers' "connection closed" errors may be recorded first and blamed (launcher.local.root_cause).
+    # or its peers' "connection closed" errors may be recorded first and blamed (launcher.agent.launch.root_cause).
     dist.destroy_process_group()
     return result
 
@@ -97,7 +99,7 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
             record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
         loggers.log(record)
 
-    heartbeat()  # arms the node's hang watchdog for this rank (launcher.watchdog)
+    heartbeat()  # arms the node's hang watchdog for this rank (launcher.agent.watchdog)
     while step < cfg.trainer.steps and not stop:
         sampler.set_epoch(epoch)
         batch_in_epoch = skip
@@ -215,7 +217,7 @@ def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
 
 
 def _since_launch(at: Optional[float]) -> Optional[float]:
-    start = os.environ.get("LAUNCHER_START_TIME")
+    start = os.environ.get(env.START_TIME)
     if at is None or not start:
         return None
     return at - float(start)
@@ -229,9 +231,7 @@ def _record_shard(run_dir: str, rank: int, indices: List[int]) -> None:
 
 def main(argv: List[str]) -> int:
     """torchrun entry point: `key=value` overrides as arguments, results on rank 0's stdout."""
-    from launcher.config import load_config
-
-    cfg = load_config(None, argv)
+    cfg = read_config(argv)
     result = train(cfg, run_dir_from_env())
     if result["rank"] == 0:
         print(json.dumps(result), flush=True)

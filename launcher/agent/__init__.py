@@ -1,0 +1,1 @@
+"""torch's elastic agent on this node: starts, watches and stops the workers."""

@@ -1,0 +1,68 @@
+"""torch's elastic agent, with our worker processes and our account of failures and restarts.
+
+torch's ``elastic_launch`` builds a ``LocalElasticAgent`` by name; for the launch's duration that
+name is our subclass, which (a) starts each attempt's workers as launcher.agent.processes does instead
+of torch's multiprocessing context, (b) reports each failed attempt's root cause before a restart
+(launcher.agent.failures) and (c) counts the restarts it made, scripts included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+from launcher.agent.failures import FailureWatch
+from launcher.agent.processes import WorkerJob, WorkerProcesses
+
+log = logging.getLogger("launcher")
+
+
+def launcher_worker() -> None:
+    """The entry point torch's agent is given: a name for its records; launcher.worker.bootstrap runs the workers."""
+
+
+class AgentRecord:
+    """What the agent of this launch did: its restarts (launcher.agent.processes keeps the current workers)."""
+
+    def __init__(self) -> None:
+        self.restarts = 0
+
+
+@contextlib.contextmanager
+def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord]:
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+
+    base = launcher_api.LocalElasticAgent
+    record = AgentRecord()
+
+    def start_processes(name: str, entrypoint: Any, args: Any, envs: Any, logs_specs: Any,
+                        log_line_prefixes: Any = None, **_: Any) -> WorkerProcesses:
+        processes = WorkerProcesses(name, entrypoint, args, envs, logs_specs, log_line_prefixes, job)
+        processes.start()
+        return processes
+
+    class LauncherAgent(base):  # type: ignore[misc, valid-type]
+        def _start_workers(self, worker_group: Any) -> Any:
+            record.restarts = worker_group.spec.max_restarts - self._remaining_restarts
+            saved = local_elastic_agent.start_processes
+            local_elastic_agent.start_processes = start_processes
+            try:
+                return super()._start_workers(worker_group)
+            finally:
+                local_elastic_agent.start_processes = saved
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed():
+                attempt = worker_group.spec.max_restarts - self._remaining_restarts
+                watch.on_failure(result.failures, worker_group, attempt, self._remaining_restarts,
+                                 resumes=job.kind == "trainer")
+            return result
+
+    launcher_api.LocalElasticAgent = LauncherAgent
+    try:
+        yield record
+    finally:
+        launcher_api.LocalElasticAgent = base

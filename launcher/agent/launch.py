@@ -1,0 +1,102 @@
+"""Executes a launch plan on this machine: torch's elastic agent starts and watches the workers.
+
+This is the one module that starts worker processes for local runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from launcher.agent import elastic_fixes
+from launcher.agent.elastic import agent_installed, launcher_worker
+from launcher.errors import RendezvousError, WorkerFailedError
+from launcher.agent.failures import FailureWatch, failure_reason, rank_log, root_cause
+from launcher.agent.logs_specs import RunDirLogsSpecs
+from launcher.config.rendezvous import rdzv_configs
+from launcher.plan import LaunchPlan
+from launcher.agent.processes import WorkerJob
+from launcher.agent.watchdog import run_watched
+from launcher.runtime import env
+
+log = logging.getLogger("launcher")
+AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
+
+
+def run_node(plan: LaunchPlan, config: Dict[str, Any],
+             logs_specs: Optional[RunDirLogsSpecs] = None) -> Tuple[Dict[int, Any], int]:
+    """Run this node's agent to completion; returns ({local_rank: result}, restarts).
+
+    logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    elastic_fixes.apply()
+    os.environ.update(plan.agent_env)
+    job = worker_job(plan, config)
+    logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
+    launch_config = elastic_fixes.launch_config(
+        LaunchConfig,
+        min_nodes=plan.nodes,
+        max_nodes=plan.nodes,
+        nproc_per_node=plan.workers_per_node,
+        run_id=plan.rdzv_id,
+        role="default",  # torchrun's: workers see ROLE_NAME=default
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_endpoint=plan.rdzv_endpoint,
+        rdzv_configs=rdzv_configs(plan),
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",  # unused: launcher.agent.processes starts the workers
+        logs_specs=logs_specs,
+        shutdown_timeout=plan.shutdown_timeout_s,
+    )
+    watch = FailureWatch(plan)
+    try:
+        with agent_installed(job, watch) as agent:
+            results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)())
+    except ChildFailedError as e:
+        raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts) from e
+    except TorchRendezvousError as e:
+        raise RendezvousError(
+            f"nodes did not meet at {plan.rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
+            "check the address, the port, the firewall and the other nodes' commands"
+        ) from e
+    return results, agent.restarts
+
+
+def worker_job(plan: LaunchPlan, config: Dict[str, Any]) -> WorkerJob:
+    """What this node's workers run, and in what environment (the agent's own variables left out)."""
+    script = config["script"]
+    kind = "trainer" if script["path"] is None else ("module" if script["module"] else "script")
+    dropped = tuple(plan.agent_env) + (AGENT_ONLY_ENV if kind != "trainer" else ())  # the trainer times its first step
+    watchdog_s = float(config.get("watchdog", {}).get("timeout_s", 0))
+    return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir,
+                     added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,
+                     exit_timeout_s=float(config["launcher"]["exit_timeout_s"]), heartbeat=watchdog_s > 0,
+                     config=config if kind == "trainer" else {}, slurm="SLURM_JOB_ID" in os.environ)
+
+
+def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, Any]], attempt: int) -> str:
+    """'rank 1 failed: exit code 1: ValueError: boom; see <run_dir>/logs/rank-1.log' for the first failure.
+
+    Only ranks that failed on their own are named: launcher.agent.processes leaves out the ranks it
+    stopped and those that had finished.
+    """
+    failures = failures or error.failures
+    rank, failure = root_cause(failures)
+    others = sorted(r for r in failures if r != rank)
+    also = f" (ranks {', '.join(map(str, others))} failed too)" if others else ""
+    return f"rank {rank} failed: {failure_reason(failure)}{also}; see {rank_log(plan, rank, attempt)}"
+
+
+def first_result(results: Dict[int, Any]) -> Optional[Dict[str, Any]]:
+    """Rank 0's result where this node ran it."""
+    for result in results.values():
+        if isinstance(result, dict) and result.get("rank") == 0:
+            return result
+    return None

@@ -1,0 +1,262 @@
+"""This node's worker processes for one attempt: started, watched, stopped (torch's PContext contract).
+
+torch's elastic agent keeps its rendezvous, restarts and monitoring; the processes are ours:
+forked from the warm zygote (launcher.agent.zygote) or started as fresh interpreters (start method
+spawn), each running launcher.worker.bootstrap. Compared with torch's own process contexts:
+- results: a worker's exit code is the truth; the built-in trainer's result dict comes back
+  through a file, not a multiprocessing queue (a queue the agent never drained left every worker
+  waiting at exit, about 1 launch in 13 at 4 workers);
+- a rank whose script returned but whose interpreter does not exit within
+  launcher.exit_timeout_s (a destructor deadlock in torch, say) is named, its stacks dumped, and
+  killed; the job keeps the exit code the script ended with;
+- failures name only ranks that failed on their own: once one failed, the ranks this class stops
+  (or that had finished) are not blamed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from torch.distributed.elastic.multiprocessing.api import PContext, RunProcsResult
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from launcher.agent.streams import OutputRouter
+from launcher.agent.zygote import BOOTSTRAP, Zygote
+
+log = logging.getLogger("launcher")
+STACK_WAIT_S = 2.0
+
+
+@dataclass
+class WorkerJob:
+    """What every worker of this node runs, whatever the attempt."""
+
+    kind: str  # script | module | trainer
+    target: Optional[str]  # the script path or module name
+    args: tuple
+    run_dir: str
+    added_env: Dict[str, str]  # what the launcher adds to the agent's environment (plan.worker_env)
+    dropped_env: tuple  # the agent's own variables, which workers do not get
+    start_method: str  # fork (from the zygote) | spawn (fresh interpreters)
+    exit_timeout_s: float
+    heartbeat: bool  # register each rank with the hang watchdog (stack dumps, heartbeat files)
+    config: Dict[str, Any] = field(default_factory=dict)  # the built-in trainer's config
+    cwd: str = field(default_factory=os.getcwd)
+    slurm: bool = False
+
+
+@dataclass
+class _Worker:
+    local_rank: int
+    rank: int
+    pid: int
+    popen: Optional[subprocess.Popen] = None
+    code: Optional[int] = None  # exit code once it ended
+    ended_at: Optional[float] = None
+    on_its_own: bool = True  # False: it ended after we started stopping the attempt
+    hung_at_exit: bool = False
+
+
+class WorkerProcesses(PContext):
+    """One attempt's workers on this node."""
+
+    latest: Optional["WorkerProcesses"] = None  # this node's current attempt (SLURM's checkpoint signal needs it)
+
+    def __init__(self, name: str, entrypoint: Any, args: Dict[int, tuple], envs: Dict[int, Dict[str, str]],
+                 logs_specs: Any, log_line_prefixes: Optional[Dict[int, str]], job: WorkerJob) -> None:
+        super().__init__(name, entrypoint, args, envs, logs_specs, log_line_prefixes)
+        self.job = job
+        self.workers: Dict[int, _Worker] = {}
+        self.router = OutputRouter()
+        self.stopping = False
+        self._closed = False
+
+    # ---- start
+
+    def base_env(self) -> Dict[str, str]:
+        """The agent's environment as it is now (torch's launch_agent adds to it), less its own variables."""
+        env = {k: v for k, v in os.environ.items() if k not in self.job.dropped_env}
+        env.update(self.job.added_env)
+        return env
+
+    def _start(self) -> None:
+        base = self.base_env()
+        zygote = Zygote.current() if self.job.start_method == "fork" else None
+        if self.job.start_method == "fork" and zygote is None:
+            zygote = Zygote.start("trainer" if self.job.kind == "trainer" else "script", base)
+        for local_rank in range(self.nprocs):
+            env = {**base, **self.envs[local_rank]}
+            rank = int(env["RANK"])
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            status_r, status_w = os.pipe()
+            spec = self._spec(local_rank, rank, env)
+            if zygote is not None:
+                pid, popen = zygote.fork(spec, [out_w, err_w, status_w]), None
+            else:
+                popen = self._fresh(spec, env, out_w, err_w, status_w)
+                pid = popen.pid
+            for fd in (out_w, err_w, status_w):
+                os.close(fd)
+            self.router.add(rank, out_r, err_r, status_r, self.stdouts[local_rank])
+            self.workers[local_rank] = _Worker(local_rank, rank, pid, popen)
+        self.router.start()
+        WorkerProcesses.latest = self
+
+    def _spec(self, local_rank: int, rank: int, env: Dict[str, str]) -> Dict[str, Any]:
+        spec: Dict[str, Any] = {"kind": self.job.kind, "target": self.job.target, "args": list(self.job.args),
+                                "env": env, "cwd": self.job.cwd, "error_file": self.error_files.get(local_rank),
+                                "slurm": self.job.slurm}
+        if self.job.heartbeat:
+            spec["heartbeat"] = {"run_dir": self.job.run_dir, "rank": rank, "local_rank": local_rank}
+        if self.job.kind == "trainer":
+            spec["trainer"] = {"config": self.job.config, "run_dir": self.job.run_dir,
+                               "result_file": self._result_file(rank)}
+        return spec
+
+    def _fresh(self, spec: Dict[str, Any], env: Dict[str, str], out_w: int, err_w: int, status_w: int) -> subprocess.Popen:
+        spec_r, spec_w = os.pipe()
+        popen = subprocess.Popen(
+            [sys.executable, "-u", BOOTSTRAP, "worker", str(spec_r), str(os.getpid())],
+            env=env, cwd=self.job.cwd, stdout=out_w, stderr=err_w, pass_fds=(spec_r, status_w), close_fds=True,
+        )
+        os.close(spec_r)
+        with os.fdopen(spec_w, "w") as f:
+            json.dump({"spec": spec, "fds": [1, 2, status_w]}, f)
+        return popen
+
+    def _result_file(self, rank: int) -> str:
+        return str(Path(self.job.run_dir) / "logs" / f".result-rank-{rank}.json")
+
+    # ---- watch
+
+    def pids(self) -> Dict[int, int]:
+        return {w.local_rank: w.pid for w in self.workers.values()}
+
+    def _collect_exits(self) -> None:
+        zygote = Zygote.current()
+        exits = zygote.poll() if zygote is not None and self.job.start_method == "fork" else {}
+        zygote_gone = zygote is not None and self.job.start_method == "fork" and zygote.proc.poll() is not None
+        now = time.monotonic()
+        for w in self.workers.values():
+            if w.code is not None:
+                continue
+            code = w.popen.poll() if w.popen is not None else exits.get(w.pid)
+            if code is None and zygote_gone and w.popen is None:
+                code = -signal.SIGKILL  # the zygote's death took its workers (PR_SET_PDEATHSIG)
+            if code is not None:
+                w.code, w.ended_at, w.on_its_own = code, now, not self.stopping
+
+    def _check_exit_hangs(self) -> None:
+        """A rank whose script returned but whose process lingers past the bound: name it, kill it."""
+        now = time.monotonic()
+        for w in self.workers.values():
+            status = self.router.status.get(w.rank)
+            if w.code is not None or status is None or status.done_at is None:
+                continue
+            if now - status.done_at < self.job.exit_timeout_s:
+                continue
+            where = self._dump_stacks(w)
+            log.warning(f"rank {w.rank} finished its script (exit code {status.done_code}) but its process did not "
+                        f"exit within {self.job.exit_timeout_s:g}s (launcher.exit_timeout_s){where}; killed it, "
+                        f"the rank's result stands. A process group destroyed while a DDP model is alive can do this.")
+            _kill(w.pid)
+            w.hung_at_exit = True
+            self._wait_for(lambda: w.code is not None, 10.0)
+            w.code = status.done_code
+
+    def _dump_stacks(self, w: _Worker) -> str:
+        if not self.job.heartbeat:
+            return ""
+        from launcher.runtime.beats import STACK_SIGNAL, stack_file
+
+        path = stack_file(self.job.run_dir, w.rank)
+        try:
+            os.kill(w.pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            return ""
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and not (path.exists() and path.stat().st_size):
+            time.sleep(0.05)
+        return f"; its stacks are in {path}"
+
+    def _poll(self) -> Optional[RunProcsResult]:
+        self._collect_exits()
+        self._check_exit_hangs()
+        failed = {w.local_rank: w for w in self.workers.values() if w.code not in (None, 0) and w.on_its_own}
+        if not failed and any(w.code is None for w in self.workers.values()):
+            return None
+        self.close()
+        if failed:
+            failures = {lr: ProcessFailure(local_rank=lr, pid=w.pid, exitcode=w.code, error_file=self.error_files.get(lr, ""))
+                        for lr, w in failed.items()}
+            return RunProcsResult(failures=failures, stdouts=self.stdouts, stderrs=self.stderrs)
+        return RunProcsResult(return_values={w.local_rank: self._result(w) for w in self.workers.values()},
+                              stdouts=self.stdouts, stderrs=self.stderrs)
+
+    def _result(self, w: _Worker) -> Any:
+        if self.job.kind != "trainer":
+            return {"rank": w.rank, "exit_code": w.code, "hung_at_exit": w.hung_at_exit}
+        path = Path(self._result_file(w.rank))
+        try:
+            result = json.loads(path.read_text())
+            path.unlink()
+            return result
+        except (OSError, ValueError):
+            return None
+
+    # ---- stop
+
+    def _close(self, death_sig: signal.Signals, timeout: int = 30) -> None:
+        if self._closed:
+            return
+        self.stopping = True
+        self._collect_exits()
+        for w in self.workers.values():
+            if w.code is None:
+                _signal(w.pid, death_sig)
+        self._wait_for(lambda: all(w.code is not None for w in self.workers.values()), timeout)
+        for w in self.workers.values():
+            if w.code is None:
+                log.debug(f"rank {w.rank} (pid {w.pid}) did not stop on {death_sig.name} within {timeout}s: SIGKILL")
+                _kill(w.pid)
+        self._wait_for(lambda: all(w.code is not None for w in self.workers.values()), timeout)
+        self.router.finish()
+        self._closed = True
+
+    def _wait_for(self, condition: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._collect_exits()
+            if condition() or time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
+
+
+def running_worker_pids() -> list:
+    """The pids of this node's workers that are still running (none before the first attempt)."""
+    latest = WorkerProcesses.latest
+    if latest is None:
+        return []
+    latest._collect_exits()
+    return [w.pid for w in latest.workers.values() if w.code is None]
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(pid: int) -> None:
+    _signal(pid, signal.SIGKILL)

@@ -1,0 +1,170 @@
+"""Workers' output: each rank's stdout and stderr to its log file and to the console, kept apart.
+
+Every worker writes into three pipes (launcher.worker.bootstrap): stdout, stderr and a status pipe. One
+thread of the agent reads them all:
+- ``logs/rank-<k>.log`` gets both streams, byte for byte, in the order they arrived;
+- the console gets whole lines (and ``\\r``-ended progress-bar updates) with a ``[rank<k>]: ``
+  prefix, stdout lines on the launcher's stdout and stderr lines on its stderr, as torchrun's
+  ``--tee`` would, but never a prefix in the middle of a line and never two (torch's own warnings
+  already start with ``[rank<k>]:``);
+- a status line ``done CODE`` records when the rank's script returned, and with what code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import BinaryIO, Dict, List, Optional, Tuple
+
+MAX_PENDING = 1 << 16  # a line longer than this is shown in pieces rather than held back
+DRAIN_S = 2.0  # after the workers exited, how long to wait for their last bytes (a child may hold a pipe)
+
+
+@dataclass
+class _Source:
+    rank: int
+    kind: str  # out | err | status
+    log: Optional[BinaryIO]
+    pending: bytes = b""
+
+
+@dataclass
+class RankStatus:
+    done_code: Optional[int] = None  # the exit code the script ended with, once it returned
+    done_at: Optional[float] = None  # time.monotonic() of that
+    lines: List[bytes] = field(default_factory=list)
+
+
+class OutputRouter(threading.Thread):
+    """Reads every worker pipe of one attempt; see the module docstring."""
+
+    def __init__(self, console: bool = True) -> None:
+        super().__init__(name="launcher-output", daemon=True)
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._logs: List[BinaryIO] = []
+        self._halt = threading.Event()
+        self._console = console
+        self.status: Dict[int, RankStatus] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+    def add(self, rank: int, stdout_fd: int, stderr_fd: int, status_fd: int, log_path: str) -> None:
+        log = open(log_path, "ab", buffering=0)
+        with self._lock:
+            self._logs.append(log)
+            self.status[rank] = RankStatus()
+            for fd, kind in ((stdout_fd, "out"), (stderr_fd, "err"), (status_fd, "status")):
+                os.set_blocking(fd, False)
+                self._selector.register(fd, selectors.EVENT_READ, _Source(rank, kind, log if kind != "status" else None))
+        os.write(self._wake_w, b"x")
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            with self._lock:
+                if not self._selector.get_map():
+                    break
+            for key, _ in self._selector.select(timeout=0.5):
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                    continue
+                self._read(key.fd, key.data)
+
+    def _read(self, fd: int, source: _Source) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # end of stream: the worker and everything it started closed this pipe
+            with self._lock:
+                self._selector.unregister(fd)
+            os.close(fd)
+            self._flush_pending(source)
+            return
+        if source.kind == "status":
+            self._on_status(source, chunk)
+            return
+        if source.log is not None:
+            source.log.write(chunk)
+        if self._console:
+            self._show(source, chunk)
+
+    def _on_status(self, source: _Source, chunk: bytes) -> None:
+        source.pending += chunk
+        *lines, source.pending = source.pending.split(b"\n")
+        for line in lines:
+            word, _, value = line.decode(errors="replace").partition(" ")
+            if word == "done" and value.lstrip("-").isdigit():
+                status = self.status[source.rank]
+                status.done_code, status.done_at = int(value), time.monotonic()
+
+    def _show(self, source: _Source, chunk: bytes) -> None:
+        data = source.pending + chunk
+        pieces, rest = split_segments(data)
+        if len(rest) > MAX_PENDING:
+            pieces.append(rest)
+            rest = b""
+        source.pending = rest
+        if pieces:
+            self._emit(source, pieces)
+
+    def _flush_pending(self, source: _Source) -> None:
+        if source.kind != "status" and source.pending and self._console:
+            self._emit(source, [source.pending + b"\n"])
+        source.pending = b""
+
+    def _emit(self, source: _Source, pieces: List[bytes]) -> None:
+        prefix = f"[rank{source.rank}]: ".encode()
+        own = f"[rank{source.rank}]:".encode()
+        out = b"".join(p if p.startswith(own) else prefix + p for p in pieces)
+        stream = sys.stdout if source.kind == "out" else sys.stderr
+        try:
+            stream.flush()
+            target = getattr(stream, "buffer", None)
+            if target is not None:
+                target.write(out)
+                target.flush()
+            else:
+                stream.write(out.decode(errors="replace"))
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # the console went away (a closed pipe): the log file still has everything
+
+    def finish(self, timeout: float = DRAIN_S) -> None:
+        """Wait (bounded) for the pipes to end, then stop reading and close the log files."""
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and time.monotonic() < deadline:
+            with self._lock:
+                if len(self._selector.get_map()) <= 1:  # only the wake-up pipe is left
+                    break
+            time.sleep(0.02)
+        self._halt.set()
+        os.write(self._wake_w, b"x")
+        self.join(timeout=2)
+        with self._lock:
+            for key in list(self._selector.get_map().values()):
+                if key.data is not None:
+                    self._flush_pending(key.data)
+                    os.close(key.fd)
+            self._selector.close()
+            for log in self._logs:
+                log.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+_SEGMENT = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r(?=[^\n]))")
+
+
+def split_segments(data: bytes) -> Tuple[List[bytes], bytes]:
+    """Whole lines (ending in \\n) and carriage-return updates (ending in \\r), and what is left over."""
+    found = [m.group(0) for m in _SEGMENT.finditer(data) if m.group(0)]
+    used = sum(len(p) for p in found)
+    return [p for p in found if p != b"\r"], data[used:]  # a bare \r (tqdm starts updates so) shows nothing

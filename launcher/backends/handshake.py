@@ -1,0 +1,279 @@
+"""The nodes' handshake: before torch's elastic agent starts, every node checks in on a TCPStore at the
+rendezvous address, so a wrong address, a mismatched --nodes/--gpus or a duplicate --node-rank is named
+within --rdzv-timeout instead of hanging. After the job the nodes exchange where their ranks ran.
+
+The store is created multi-tenant on the rendezvous port: torch's static and c10d rendezvous create
+theirs the same way, so in the hosting process they share this one server (one port, no second one).
+This module owns every socket the launcher opens itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from launcher.errors import ConfigError, RendezvousError
+from launcher.config.rendezvous import split_endpoint
+
+log = logging.getLogger("launcher")
+POLL_S = 0.1
+PLACEMENT_WAIT_S = 30.0  # after a finished job, how long nodes wait for each other's rank lists
+
+
+def resolve_or_fail(host: str, flag: str) -> None:
+    """A host name that does not resolve is a one-line error before anything starts."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"{flag} {host} does not resolve ({e.args[-1] if e.args else e}): "
+                          "check the spelling, or give node 0's IP address") from e
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel just handed out, for nodes simulated on this machine to meet on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT is no conflict
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def native_stderr_to_log() -> Iterator[None]:
+    """c10d's C++ layer prints every connect retry with a stack trace; keep that in the log file only."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace").strip()
+            if text:
+                log.debug("c10d while connecting:\n%s", text)
+
+
+def interface_towards(host: str, port: int) -> Optional[Tuple[str, str]]:
+    """(interface name, local address) this machine would use to reach host, or None if unknown.
+
+    gloo otherwise binds to whatever the machine's host name resolves to, often 127.0.1.1 on
+    Debian, and other machines then cannot reach it. A UDP connect sends nothing.
+    """
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name, local
+    return None
+
+
+def require_free_port(port: int) -> None:
+    """Node 0 hosts the rendezvous: a port something else holds is a usage error, named before it starts."""
+    if not port_is_free(port):
+        raise ConfigError(f"port {port} is already in use on this machine (node 0): pick another --master-port "
+                          f"for every node, or stop what holds it (`ss -ltnp 'sport = :{port}'`)")
+
+
+def _is_local(host: str) -> bool:
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(host))
+
+
+class NodeHandshake:
+    """One node's side of the handshake; keep it alive for the whole job (it may host the store)."""
+
+    def __init__(self, plan: Any, node_rank: Optional[int]) -> None:
+        self.plan = plan
+        self.node_rank = node_rank
+        self.host, self.port = split_endpoint(plan.rdzv_endpoint)
+        self.timeout_s = plan.rdzv_timeout_s
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.is_host = False
+        self.store: Any = None
+        self._raw: Any = None
+
+    # -- connecting -------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Host the store (static node 0; c10d: whoever gets the port first on its machine) or join it."""
+        from torch.distributed import PrefixStore
+
+        if self.plan.rdzv_backend == "static":
+            self.is_host = (self.node_rank or 0) == 0
+            if self.is_host:
+                require_free_port(self.port)
+            self._raw = self._host() if self.is_host else self._join()
+        else:
+            self._raw = None
+            if _is_local(self.host) and port_is_free(self.port):
+                try:
+                    self._raw, self.is_host = self._host(), True
+                except RuntimeError:  # another node on this machine got the port first
+                    self._raw = None
+            if self._raw is None:
+                self._raw = self._join()
+        self.store = PrefixStore(f"launcher/{self.plan.rdzv_id}/", self._raw)
+
+    def _host(self) -> Any:
+        from torch.distributed import TCPStore
+
+        return TCPStore(self.host, self.port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                        timeout=datetime.timedelta(seconds=self.timeout_s))
+
+    def _join(self) -> Any:
+        from torch.distributed import TCPStore
+
+        try:
+            with native_stderr_to_log():
+                return TCPStore(self.host, self.port, is_master=False,
+                                timeout=datetime.timedelta(seconds=self.timeout_s))
+        except (RuntimeError, TimeoutError, ValueError) as e:
+            raise RendezvousError(self._no_answer()) from e
+
+    def _no_answer(self) -> str:
+        head = "node 0 (--node-rank 0)" if self.plan.rdzv_backend == "static" else "the node hosting the rendezvous"
+        return (f"no answer from {self.host} port {self.port} within {self.timeout_s}s: check that {head} is "
+                f"running with the same --nodes, --gpus and port, that {self.host} is its address on an interface "
+                f"this machine can reach, and that no firewall blocks TCP port {self.port}")
+
+    # -- before the job ---------------------------------------------------------------------
+    def meet(self, nodes: int, gpus: int) -> None:
+        """Check in and wait until all nodes have, or raise naming the problem (never hang)."""
+        same_workers = self.plan.rdzv_backend == "static"
+        me = {"token": self.token, "host": socket.gethostname(), "nodes": nodes, "gpus": gpus,
+              "node_rank": self.node_rank}
+        try:
+            self.store.add("connected", 1)
+            problem = self._check_in(me, same_workers)
+            if problem is None and self.store.add("arrivals", 1) > nodes:
+                problem = (f"more than --nodes {nodes} nodes joined {self.host}:{self.port}: "
+                           "a node was started twice, or with a wrong --nodes")
+            if problem is not None:
+                self.store.compare_set("verdict", "", problem)
+                raise ConfigError(problem)
+            self._wait_for_all(nodes)
+        except ConfigError:
+            self._stay_until_told()
+            raise
+        except (RuntimeError, TimeoutError) as e:
+            raise RendezvousError(f"lost contact with {self.host}:{self.port} during the node handshake "
+                                  f"({e.__class__.__name__}): see the other nodes' output") from e
+
+    def _stay_until_told(self) -> None:
+        """The host keeps the store up (a few seconds at most) until every node has read the verdict."""
+        try:
+            self.store.add("told", 1)
+            deadline = time.monotonic() + 5.0
+            while self.is_host and time.monotonic() < deadline:
+                if self.store.add("told", 0) >= self.store.add("connected", 0):
+                    return
+                time.sleep(POLL_S)
+        except (RuntimeError, TimeoutError):
+            pass
+
+    def _check_in(self, me: Dict[str, Any], same_workers: bool) -> Optional[str]:
+        mine = json.dumps(me)
+        first = json.loads(self.store.compare_set("reference", "", mine))
+        if first["token"] != me["token"]:
+            if first["nodes"] != me["nodes"] or (same_workers and first["gpus"] != me["gpus"]):
+                return (f"node settings differ: {_who(first)} was started with --nodes {first['nodes']} --gpus "
+                        f"{first['gpus']}, {_who(me)} with --nodes {me['nodes']} --gpus {me['gpus']}: "
+                        "start every node with the same --nodes and --gpus")
+        if self.node_rank is not None:
+            owner = self.store.compare_set(f"rank/{self.node_rank}", "", mine)
+            holder = json.loads(owner)
+            if holder["token"] != me["token"]:
+                return (f"two nodes use --node-rank {self.node_rank} ({_who(holder)} and {_who(me)}): "
+                        "give each machine its own --node-rank in 0..N-1")
+        return None
+
+    def _wait_for_all(self, nodes: int) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if self.store.check(["verdict"]):
+                raise ConfigError(self.store.get("verdict").decode())
+            arrived = self.store.add("arrivals", 0)
+            if arrived >= nodes:
+                return
+            if time.monotonic() > deadline:
+                raise RendezvousError(
+                    f"only {arrived} of {nodes} nodes reached {self.host}:{self.port} within {self.timeout_s}s: "
+                    "start the other nodes (same --nodes, --gpus and address), or check their network and firewall")
+            time.sleep(POLL_S)
+
+    # -- after the job ----------------------------------------------------------------------
+    def exchange_placement(self, nodes: int, placement: Dict[str, Any], holds_rank0: bool) -> List[Dict[str, Any]]:
+        """Every node publishes where its ranks ran; the node with rank 0 gets the whole list.
+
+        The host keeps the store up until that node has read it (bounded: a vanished node costs
+        PLACEMENT_WAIT_S, never a hang).
+        """
+        record = {**placement, "host": socket.gethostname(), "workers": len(placement.get("ranks", []))}
+        try:
+            index = self.store.add("placed", 1)
+            self.store.set(f"placement/{index}", json.dumps(record))
+            found: List[Dict[str, Any]] = [record]
+            if holds_rank0:
+                found = self._collect(nodes)
+                self.store.set("collected", "1")
+            elif self.is_host:
+                self._wait_key("collected")
+        except (RuntimeError, TimeoutError) as e:
+            log.debug(f"node list exchange failed: {e!r}")
+            return [record]  # the other side is gone; report what this node knows
+        return sorted(found, key=lambda r: r.get("group_rank", 0))
+
+    def _collect(self, nodes: int) -> List[Dict[str, Any]]:
+        keys = [f"placement/{i}" for i in range(1, nodes + 1)]
+        deadline = time.monotonic() + PLACEMENT_WAIT_S
+        # a node takes its index, then writes its record: wait for the records, not the count
+        while not self.store.check(keys) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
+
+    def _wait_key(self, key: str) -> None:
+        deadline = time.monotonic() + PLACEMENT_WAIT_S
+        while not self.store.check([key]) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+    def close(self) -> None:
+        self.store = self._raw = None
+
+
+def _who(node: Dict[str, Any]) -> str:
+    rank = node.get("node_rank")
+    where = f"node {rank}" if rank is not None else "a node"
+    return f"{where} on {node.get('host')}"
+
+
+def describe_nodes(placements: List[Dict[str, Any]]) -> Tuple[int, List[Dict[str, Any]]]:
+    """(world size, node list) for summary.json."""
+    world = sum(len(p.get("ranks", [])) for p in placements)
+    return world, [{"node_rank": p.get("group_rank"), "host": p.get("host"), "ranks": p.get("ranks", [])}
+                   for p in placements]

@@ -1,0 +1,69 @@
+"""A job on this machine alone: this node's agent runs every worker, then summary.json.
+
+launcher.backends.node runs one node of a multi-machine job through the same run_and_summarize,
+with a NodeSession that meets the other nodes first and decides which node writes the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any, Optional
+
+from launcher.agent.launch import first_result, run_node
+from launcher.config.schema import Config, to_dict
+from launcher.errors import HangError, LauncherError, WorkerFailedError
+from launcher.plan import LaunchPlan
+from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
+from launcher.runtime import env
+from trainers.checkpoint import checkpoint_dir, list_checkpoints
+
+log = logging.getLogger("launcher")
+
+
+def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = None) -> int:
+    """The backend interface (launcher.backends.dispatch). session: a NodeSession for one node of several."""
+    prepare_run_dir(cfg, plan, started)
+    os.environ[env.START_TIME] = repr(started)
+    return run_and_summarize(cfg, plan, started, session)
+
+
+def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = None) -> int:
+    """Run this machine's agent to the end and write summary.json (on a multi-node job: where session says)."""
+    run_dir = Path(plan.run_dir)
+    finish_as = session.finish if session is not None else finish
+    base = summary_base(cfg, plan)
+    try:
+        results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
+    except LauncherError as e:
+        finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started, error=str(e),
+                  restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
+        raise
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "sigval", signal.SIGINT)
+        finish_as(run_dir, base, None, "interrupted", started)
+        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
+        return 128 + int(signum)
+    except BaseException as e:
+        signum = getattr(e, "sigval", None)
+        if signum is None:
+            raise
+        finish_as(run_dir, base, None, "interrupted", started)
+        log.info(f"stopped by signal {signum}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
+        return 128 + int(signum)
+    killed = sorted(r["rank"] for r in results.values() if isinstance(r, dict) and r.get("hung_at_exit"))
+    if killed:  # launcher.agent.processes: finished their script, then hung in the interpreter's exit
+        base["ranks_killed_at_exit"] = killed
+    summary = finish_as(run_dir, base, first_result(results), "completed", started, restarts=restarts)
+    log.info(one_line_summary(summary, run_dir))
+    return 0
+
+
+def resume_hint(cfg: Config, run_dir: Path) -> str:
+    """'; continue with: python -m launcher resume DIR' when the built-in trainer left a checkpoint."""
+    if cfg.script.path is not None:
+        return ""
+    ckpt_dir = checkpoint_dir(cfg, str(run_dir))
+    return f"; continue with: python -m launcher resume {run_dir}" if ckpt_dir and list_checkpoints(ckpt_dir) else ""

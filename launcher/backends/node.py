@@ -1,0 +1,149 @@
+"""One node of a multi-node job: handshake, this node's elastic agent, then who writes summary.json.
+
+`python -m launcher.backends.node RUN_DIR K PARENT_PID` is how launcher.backends.simulated starts node K of a simulated
+job (its plan and config arrive as JSON on stdin, so nothing unredacted lands in the run directory).
+On real machines the same NodeSession runs inside `python -m launcher --node-rank K ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from launcher.agent.launch import first_result, run_node
+from launcher.agent.logs_specs import RunDirLogsSpecs
+from launcher.agent.zygote import Zygote, die_with_parent
+from launcher.backends import local
+from launcher.backends.handshake import NodeHandshake, describe_nodes, interface_towards, require_free_port, resolve_or_fail
+from launcher.config.schema import Config, from_dict
+from launcher.errors import LauncherError
+from launcher.logs import setup_launcher_logging
+from launcher.plan import LaunchPlan
+from launcher.rundir import build_summary, finish, write_json
+from launcher.runtime import env
+
+log = logging.getLogger("launcher")
+
+
+class NodeSession:
+    """This machine's part of a multi-node job; plugs into launcher.backends.local.run_and_summarize."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.handshake = NodeHandshake(plan, plan.node_rank)
+        self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs")
+        self.node_list: List[Dict[str, Any]] = []
+
+    def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
+        self.handshake.connect()
+        self.handshake.meet(plan.nodes, plan.workers_per_node)
+        log.info(f"all {plan.nodes} nodes checked in at {plan.rdzv_endpoint} ({plan.rdzv_backend} rendezvous)")
+        self._choose_interface()
+        results, restarts = run_node(plan, config, self.logs)
+        holds_rank0 = first_result(results) is not None
+        self.node_list = self.handshake.exchange_placement(plan.nodes, self.logs.placement, holds_rank0)
+        return results, restarts
+
+    def _choose_interface(self) -> None:
+        """Workers talk over the interface that reaches the rendezvous host, unless the user chose one."""
+        if "GLOO_SOCKET_IFNAME" in os.environ:
+            return
+        found = interface_towards(self.handshake.host, self.handshake.port)
+        if found is None:
+            return
+        name, address = found
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+        say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
+        say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
+
+    @property
+    def is_head(self) -> bool:
+        """The node that reports a failed or interrupted job (rank 0's node reports a finished one)."""
+        if self.plan.rdzv_backend == "static":
+            return (self.plan.node_rank or 0) == 0
+        return self.handshake.is_host
+
+    def finish(self, run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str,
+               started: float, error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
+        """Record this node under nodes/; write summary.json where this node speaks for the job."""
+        placement = self.logs.placement
+        group = placement.get("group_rank", self.plan.node_rank)
+        node_name = f"node-{group}" if group is not None else f"node-{socket.gethostname()}"
+        write_json(run_dir / "nodes" / f"{node_name}.json", {
+            "status": status, "error": error, "host": socket.gethostname(), "node_rank": group,
+            "ranks": placement.get("ranks", []), "restarts": restarts,
+        })
+        extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend, "rdzv_endpoint": self.plan.rdzv_endpoint}
+        if self.node_list:
+            world, nodes = describe_nodes(self.node_list)
+            counts = sorted({len(n["ranks"]) for n in nodes})
+            extra["node_list"] = nodes
+            if len(counts) > 1:  # c10d with different --gpus per node: list them
+                extra["gpus_per_node"] = [len(n["ranks"]) for n in nodes]
+            if len(nodes) == self.plan.nodes:
+                extra["world_size"] = world
+        full = {**base, **extra}
+        if (status == "completed" and rank0 is not None) or (status != "completed" and self.is_head):
+            return finish(run_dir, full, rank0, status, started, error=error, restarts=restarts)
+        summary = build_summary({**full, "status": status, "wall_s": _since(started), "restarts": restarts}, rank0)
+        return summary
+
+
+def check_before_start(plan: LaunchPlan) -> None:
+    """What can fail before anything starts: an address that does not resolve, node 0's port taken."""
+    if plan.mode not in ("static", "c10d"):
+        return
+    host, _, port = plan.rdzv_endpoint.rpartition(":")
+    resolve_or_fail(host.strip("[]"), "--master-addr" if plan.mode == "static" else "--rdzv-endpoint")
+    if plan.mode == "static" and (plan.node_rank or 0) == 0:
+        require_free_port(int(port))
+
+
+def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
+    """The backend interface (launcher.backends.dispatch): this machine's node of the job."""
+    return local.run(cfg, plan, started, NodeSession(plan))
+
+
+def _since(started: float) -> float:
+    return time.time() - started
+
+
+def plan_from_dict(data: Dict[str, Any], node_rank: int) -> LaunchPlan:
+    fields = dict(data, node_rank=node_rank)
+    for key in ("command", "notices"):
+        fields[key] = tuple(fields.get(key) or ())
+    return LaunchPlan(**fields)
+
+
+def main(argv: List[str]) -> int:
+    """Entry point of a simulated node process: `python -m launcher.backends.node RUN_DIR K PARENT_PID`."""
+    run_dir, node_rank, parent = argv[0], int(argv[1]), int(argv[2])
+    if not die_with_parent(parent):  # the launcher that started this node is gone: so is this node, and its workers
+        return 1
+    payload = json.loads(sys.stdin.read())
+    cfg, plan = from_dict(payload["config"]), plan_from_dict(payload["plan"], node_rank)
+    if plan.start_method == "fork":
+        Zygote.start("trainer" if cfg.script.path is None else "script")  # imports while the nodes meet
+    setup_launcher_logging(Path(run_dir) / "logs" / f"node-{node_rank}.log")
+    for handler in log.handlers:
+        if handler.formatter is not None and handler.formatter._fmt.startswith("[launcher]"):
+            handler.setFormatter(logging.Formatter(f"[launcher node {node_rank}] %(message)s"))
+    os.environ[env.START_TIME] = repr(payload["started"])
+    try:
+        return local.run_and_summarize(cfg, plan, float(payload["started"]), NodeSession(plan))
+    except LauncherError as e:
+        print(f"error: node {node_rank}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,171 @@
+"""Multi-node on one machine: start every node agent as its own process and supervise them.
+
+`python -m launcher --nodes 2 --gpus 2` with no address runs node 0 and node 1 here, each a
+`python -m launcher.backends.node` process in its own process group, meeting on a free loopback port.
+This module is the one place that starts node processes: if one fails the others are stopped;
+Ctrl-C and SIGTERM stop them all; a node outlives neither the launcher nor its stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from launcher.backends.handshake import free_port
+from launcher.config.schema import Config, to_dict
+from launcher.errors import WorkerFailedError
+from launcher.plan import LaunchPlan
+from launcher.rundir import finish, one_line_summary, prepare_run_dir, read_json, summary_base
+
+log = logging.getLogger("launcher")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # on each node process's PYTHONPATH
+STOP_GRACE_S = 45.0  # a node's agent may wait 30 s for workers stuck in init (FACTS.md) before it kills them
+POLL_S = 0.2
+
+
+def pick_port() -> int:
+    return free_port()
+
+
+def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
+    """The backend interface (launcher.backends.dispatch): every node here, each its own process."""
+    prepare_run_dir(cfg, plan, started)
+    log.info(f"simulating {plan.nodes} nodes on this machine: {plan.nodes} node agents as separate processes, "
+             f"static rendezvous on {plan.rdzv_endpoint}")
+    payload = json.dumps({"config": to_dict(cfg), "plan": plan.to_dict(), "started": started})
+    supervisor = NodeSupervisor(plan, payload)
+    code = supervisor.run()
+    return report(cfg, plan, started, code, supervisor.failed_node)
+
+
+class NodeSupervisor:
+    """Starts the node processes, watches them, stops them all when one fails or a signal arrives."""
+
+    def __init__(self, plan: LaunchPlan, payload: str) -> None:
+        self.plan, self.payload = plan, payload
+        self.procs: List[subprocess.Popen] = []
+        self.signal: Optional[int] = None
+        self.failed_node: Optional[int] = None
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for k in range(self.plan.nodes):
+                self.procs.append(self._start(k))
+            return self._watch()
+        finally:
+            self._stop_all()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _start(self, k: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        repo = str(PROJECT_ROOT)
+        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher.backends.node", self.plan.run_dir, str(k), str(os.getpid())],
+            stdin=subprocess.PIPE, env=env, text=True, start_new_session=True,  # own group: we decide its stop
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(self.payload)
+        proc.stdin.close()
+        return proc
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.signal is None:
+            self.signal = signum
+            for proc in self.procs:
+                _stop(proc, signum)
+
+    def _watch(self) -> int:
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if self.signal is not None:
+                self._wait_all(STOP_GRACE_S)
+                return 128 + self.signal
+            for k, code in enumerate(codes):
+                if code not in (None, 0):
+                    self.failed_node = k
+                    log.info(f"node {k} {_how_it_ended(code)}; stopping the other nodes")
+                    for proc in self.procs:
+                        _stop(proc, signal.SIGTERM)
+                    self._wait_all(STOP_GRACE_S)
+                    return code
+            if all(code == 0 for code in codes):
+                return 0
+            time.sleep(POLL_S)
+
+    def _wait_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+    def _stop_all(self) -> None:
+        """Nothing outlives the launcher: whatever is left in a node's process group is killed."""
+        for proc in self.procs:
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _stop(proc: subprocess.Popen, signum: int) -> None:
+    """Ctrl-C reaches a terminal's whole foreground group, so each node's group gets SIGINT; SIGTERM goes
+    to the node's agent alone, which stops its workers itself (as a service manager would)."""
+    if signum == signal.SIGINT:
+        _signal_group(proc, signum)
+    elif proc.poll() is None:
+        proc.send_signal(signum)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signal the process group we created for this node (start_new_session), and only that."""
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node: Optional[int]) -> int:
+    """Node 0 wrote summary.json for a finished job; for a failed or stopped one, say what happened."""
+    run_dir = Path(plan.run_dir)
+    summary_path = run_dir / "summary.json"
+    if code == 0 and summary_path.exists():
+        log.info(one_line_summary(read_json(summary_path), run_dir))
+        return 0
+    base: Dict[str, Any] = {**summary_base(cfg, plan), "rendezvous": "simulated"}
+    if code >= 128:
+        finish(run_dir, base, None, "interrupted", started)
+        log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
+        return code
+    error = _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
+    finish(run_dir, base, None, "failed", started, error=error)
+    if code == 2:
+        return 2  # the node printed its one-line usage error already
+    raise WorkerFailedError(error)
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
+    path = run_dir / "nodes" / f"node-{node}.json"
+    try:
+        error = read_json(path).get("error")
+    except (OSError, ValueError):
+        return None
+    return f"node {node}: {error}" if error else None

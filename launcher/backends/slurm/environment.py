@@ -1,0 +1,168 @@
+"""SLURM's environment as the launcher's rendezvous: which node this is, where node 0 is, which port.
+
+Read-only: getters never write os.environ. One SLURM task per node runs the node agent (see the
+README's "SLURM" section), so SLURM_NODEID is the node rank and SLURM_JOB_NODELIST's first host
+runs node 0. Every node derives the same port from the job id alone, so nothing has to be sent.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional
+
+from launcher.config.schema import Config
+from launcher.errors import ConfigError
+
+# Our name -> SLURM's variable (a data table, like submitit's SlurmJobEnvironment._env).
+ENV: Dict[str, str] = {
+    "job_id": "SLURM_JOB_ID",
+    "array_job_id": "SLURM_ARRAY_JOB_ID",
+    "array_task_id": "SLURM_ARRAY_TASK_ID",
+    "step_id": "SLURM_STEP_ID",
+    "node_rank": "SLURM_NODEID",
+    "global_rank": "SLURM_PROCID",
+    "num_nodes": "SLURM_JOB_NUM_NODES",
+    "ntasks": "SLURM_NTASKS",
+    "ntasks_per_node": "SLURM_NTASKS_PER_NODE",
+    "nodelist": "SLURM_JOB_NODELIST",
+    "restart_count": "SLURM_RESTART_COUNT",
+    "cpus_per_task": "SLURM_CPUS_PER_TASK",
+}
+PORT_RANGE = (20000, 60000)  # above the well-known ports, below Linux's default ephemeral range
+_BRACKET = re.compile(r"^(?P<prefix>[^\[]*)\[(?P<ranges>[^\]]+)\](?P<suffix>.*)$")
+
+
+def parse_nodelist(text: str) -> List[str]:
+    """'node[1-3,7],gpu01' -> ['node1', 'node2', 'node3', 'node7', 'gpu01'] (zero padding kept).
+
+    The forms `scontrol show hostnames` expands; one bracket group per host name, which is what
+    SLURM writes for a job's node list.
+    """
+    hosts: List[str] = []
+    for item in _split_top_level(text.strip()):
+        match = _BRACKET.match(item)
+        if not match:
+            hosts.append(item)
+            continue
+        for part in match["ranges"].split(","):
+            first, _, last = part.partition("-")
+            width = len(first)
+            for number in range(int(first), int(last or first) + 1):
+                hosts.append(f"{match['prefix']}{number:0{width}d}{match['suffix']}")
+    return hosts
+
+
+def _split_top_level(text: str) -> List[str]:
+    """Split on commas outside brackets."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        current += char
+    if current:
+        items.append(current)
+    return [i for i in items if i]
+
+
+def port_for_job(job_id: str) -> int:
+    """The same port on every node of a job, different (most likely) for the next job."""
+    return random.Random(job_id).randint(*PORT_RANGE)
+
+
+@dataclass(frozen=True)
+class SlurmEnvironment:
+    """The SLURM allocation this process runs in, as a node agent needs it."""
+
+    job_id: str
+    node_rank: int
+    num_nodes: int
+    hosts: List[str]
+    ntasks: int
+    restart_count: int
+    cpus_per_task: int  # 0 = not set (the task may use what the node gives it)
+
+    @staticmethod
+    def detect(env: Mapping[str, str] = os.environ) -> bool:
+        """True inside a job step (srun, or a submitit task), where SLURM started one process per task.
+
+        A batch script's shell or an salloc shell has SLURM_JOB_ID but no step: a launcher started
+        there is a plain local run (or, with --cluster slurm, would need srun: see from_environ).
+        """
+        return bool(env.get(ENV["job_id"])) and bool(env.get(ENV["step_id"])) and bool(env.get(ENV["nodelist"]))
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] = os.environ) -> "SlurmEnvironment":
+        def get(name: str, default: str = "") -> str:
+            return env.get(ENV[name], default)
+
+        # An array task's own id is ARRAYJOB_TASK; its SLURM_JOB_ID differs per task, which is what we want.
+        hosts = parse_nodelist(get("nodelist"))
+        return cls(
+            job_id=get("job_id"),
+            node_rank=int(get("node_rank", "0")),
+            num_nodes=int(get("num_nodes", str(len(hosts)) or "1")),
+            hosts=hosts,
+            ntasks=int(get("ntasks", "1")),
+            restart_count=int(get("restart_count", "0") or 0),
+            cpus_per_task=int(get("cpus_per_task", "0") or 0),
+        )
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def master_port(self) -> int:
+        return port_for_job(self.job_id)
+
+    @property
+    def run_id(self) -> str:
+        """A run id every node of the job agrees on without talking (used when none was given)."""
+        return f"slurm-{self.job_id}"
+
+
+def hostnames_via_scontrol(nodelist: str) -> Optional[List[str]]:
+    """`scontrol show hostnames` where it is installed (it knows every form); None if it is not."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.split()
+
+
+def adopt_allocation(cfg: Config) -> Config:
+    """Inside a SLURM job step, the allocation decides the nodes, this node's rank and node 0's address."""
+    if not SlurmEnvironment.detect():
+        return cfg
+    env = SlurmEnvironment.from_environ()
+    if env.ntasks != env.num_nodes:
+        raise ConfigError(
+            f"SLURM started {env.ntasks} tasks on {env.num_nodes} node(s), but the launcher runs one task per node "
+            f"(its agent starts the --gpus workers): use `srun --ntasks-per-node=1 python -m launcher ...`")
+    if cfg.nodes not in (1, env.num_nodes):
+        raise ConfigError(f"--nodes {cfg.nodes} but this SLURM job has {env.num_nodes} node(s): "
+                          f"drop --nodes inside an allocation, or allocate {cfg.nodes} nodes")
+    cfg.nodes = env.num_nodes
+    if env.cpus_per_task and not cfg.launcher.omp_threads:
+        # The task owns SLURM_CPUS_PER_TASK CPUs, whatever the affinity mask says (without
+        # task/affinity or cgroups it shows the whole machine): split those among the workers.
+        cfg.launcher.omp_threads = max(1, env.cpus_per_task // cfg.gpus)
+    cfg.run_id = cfg.run_id or env.run_id
+    if env.num_nodes > 1:
+        cfg.rdzv.node_rank = env.node_rank
+        cfg.rdzv.master_addr = env.master_addr
+        cfg.rdzv.master_port = env.master_port
+    return cfg
+
+
+def should_submit(cfg: Config) -> bool:
+    """--cluster slurm submits a job, except from inside one (then this process is a node of it)."""
+    return cfg.cluster == "slurm" and not SlurmEnvironment.detect()

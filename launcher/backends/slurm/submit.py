@@ -1,0 +1,121 @@
+"""`--cluster slurm`: submit the job through submitit, one SLURM task per node.
+
+The only module that submits. Each task runs launcher.backends.slurm.task.SlurmNodeAgent, which starts
+this node's elastic agent and its --gpus workers; so tasks per node (1) and GPUs per node
+(--gpus) agree by construction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from launcher.config.schema import Config, to_dict, to_yaml
+from launcher.errors import LaunchError
+from launcher.plan import new_run_id
+from launcher.rundir import create_run_dir, write_atomic, write_json
+from launcher.backends.slurm.records import JOB_FILE, wait_for_job
+
+def partition_has_gpus(partition: Optional[str]) -> bool:
+    """Whether the partition's nodes offer gres/gpu (sinfo); False where sinfo cannot say."""
+    args = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "gpu" in out
+
+
+def executor_parameters(cfg: Config, gpus_per_node: int) -> Dict[str, Any]:
+    """submitit SlurmExecutor parameters: one task per node, CPUs for the node's workers."""
+    s = cfg.slurm
+    cpus = s.cpus_per_task or max(cfg.gpus, cfg.gpus * cfg.launcher.omp_threads)
+    params: Dict[str, Any] = {
+        "job_name": s.job_name or f"launcher-{cfg.run_id}",
+        "nodes": cfg.nodes,
+        "ntasks_per_node": 1,
+        "cpus_per_task": cpus,
+        "time": s.time_min,
+        "signal_delay_s": s.signal_delay_s,
+        "stderr_to_stdout": True,
+    }
+    optional = {"partition": s.partition, "account": s.account, "qos": s.qos, "constraint": s.constraint,
+                "mem": s.mem, "gpus_per_node": gpus_per_node or None}
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if s.extra:
+        params["additional_parameters"] = dict(s.extra)
+    return params
+
+
+def build_executor(cfg: Config, folder: Path, gpus_per_node: int) -> Any:
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.slurm.max_requeues, python=sys.executable)
+    try:
+        executor.update_parameters(**executor_parameters(cfg, gpus_per_node))
+    except ValueError as e:  # submitit names the unknown parameter
+        raise LaunchError(f"slurm settings rejected by submitit: {str(e).splitlines()[0]}: fix slurm.extra") from e
+    return executor
+
+
+def gpus_to_request(cfg: Config) -> int:
+    if cfg.slurm.gpus == "never" or (cfg.slurm.gpus == "auto" and not partition_has_gpus(cfg.slurm.partition)):
+        return 0  # a CPU cluster: --gpus workers without GPUs
+    return cfg.gpus
+
+
+def sbatch_text(executor: Any) -> str:
+    """The sbatch script submitit would submit (its own renderer, so --dry-run shows the real thing)."""
+    return str(executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run"))
+
+
+def srun_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.startswith("srun ")), "")
+
+
+def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
+    """Submit cfg as a SLURM job; print how to follow it; with wait, follow it to the end."""
+    cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the job may start in another directory
+    cfg.run_id = cfg.run_id or new_run_id()
+    run_dir = Path(cfg.output_dir) / cfg.run_id
+    gpus = gpus_to_request(cfg)
+    executor = build_executor(cfg, run_dir / "slurm", gpus)
+    if dry_run:
+        text = sbatch_text(executor)
+        print(f"# sbatch script ({cfg.nodes} node(s) x 1 task; each task runs the node agent with {cfg.gpus} "
+              f"worker(s){'' if gpus else ', no GPUs requested'})\n{text}\n# srun command\n{srun_line(text)}")
+        print(f"# each task calls launcher.backends.slurm.task.SlurmNodeAgent, pickled in {run_dir / 'slurm'}\n"
+              f"# resolved config\n{to_yaml(cfg)}", end="")
+        return 0
+    if shutil.which("sbatch") is None:
+        raise LaunchError("sbatch not found: --cluster slurm needs SLURM's client commands on this machine "
+                          "(or run here with --cluster local)")
+    create_run_dir(cfg.output_dir, cfg.run_id)
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
+    job = _submit(executor, cfg)
+    record = {"job_id": job.job_id, "cluster": "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
+              "run_dir": str(run_dir), "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "slurm_folder": str(run_dir / "slurm")}
+    write_json(run_dir / JOB_FILE, record)
+    quoted = shlex.quote(str(run_dir))
+    print(f"submitted SLURM job {job.job_id}: {cfg.nodes} node(s) x {cfg.gpus} worker(s); run directory {run_dir}\n"
+          f"  follow: python -m launcher status {quoted}   |   python -m launcher logs {quoted} [--rank K]"
+          f"   |   python -m launcher cancel {quoted}", flush=True)
+    return wait_for_job(run_dir, record) if wait else 0
+
+
+def _submit(executor: Any, cfg: Config) -> Any:
+    import submitit
+
+    from launcher.backends.slurm.task import SlurmNodeAgent
+
+    try:
+        return executor.submit(SlurmNodeAgent(to_dict(cfg)))
+    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
+        detail = str(getattr(e, "stderr", "") or e).strip().splitlines()
+        raise LaunchError(f"sbatch refused the job: {detail[-1] if detail else e.__class__.__name__}: "
+                          "check slurm.partition/account/qos and `sinfo`") from e

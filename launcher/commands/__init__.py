@@ -1,0 +1,1 @@
+"""The subcommands besides `run`: compare, scale, doctor, resume."""

@@ -1,0 +1,120 @@
+"""`python -m launcher resume RUN [KEY=VALUE...]`: continue a run from its newest good checkpoint.
+
+The run keeps its directory and its recorded config.yaml; overrides may change how long and how
+it runs (trainer.steps, checkpointing, restarts, W&B), never what the checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Tuple
+
+from launcher.backends import local
+from launcher.clock import process_start_time
+from launcher.config.schema import Config, load_config
+from launcher.errors import ConfigError
+from launcher.logs import setup_launcher_logging
+from launcher.plan import build_plan, detect_hardware
+from launcher.usage import OneLineParser
+from trainers.checkpoint import checkpoint_dir, latest_valid, read_manifest
+
+# Keys a resumed run may change; everything else is fixed by what the checkpoint holds.
+CHANGEABLE = ("trainer.steps", "trainer.lr", "trainer.log_every", "checkpoint.", "launcher.", "rdzv.", "wandb.")
+# Why the others cannot change, by key prefix (first match wins).
+FIXED = (
+    ("model.", "the checkpoint holds a model of the recorded shape"),
+    ("trainer.strategy", "the checkpoint's parameter and optimizer layout belong to the recorded strategy"),
+    ("nodes", "data positions and RNG states are saved per rank for the recorded world size"),
+    ("gpus", "data positions and RNG states are saved per rank for the recorded world size"),
+    ("data.", "the saved data position counts batches of the recorded dataset and batch size"),
+    ("seed", "the data order and random streams follow the recorded seed"),
+    ("run_id", "a resumed run stays in its own run directory"),
+    ("output_dir", "a resumed run stays in its own run directory"),
+    ("script.", "resume continues the built-in trainer of the recorded run"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+
+    p = OneLineParser(
+        prog="python -m launcher resume",
+        description="Continue a stopped, failed or finished run from its newest good checkpoint, in the same run directory.",
+        epilog="examples:\n  python -m launcher resume launcher_runs/20261122-003218-2f88b8\n"
+               "  python -m launcher resume 20261122-003218-2f88b8 trainer.steps=2000 --max-restarts 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run", metavar="RUN", help="a run directory, or a run id under output_dir (default launcher_runs/)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help=f"changes allowed on resume: {', '.join(k + ('*' if k.endswith('.') else '') for k in CHANGEABLE)}")
+    p.add_argument("--max-restarts", type=int, metavar="K", help="restart the workers up to K times when one fails")
+    p.add_argument("--output-dir", metavar="DIR", default="launcher_runs", help="where to look up a run id (default launcher_runs)")
+    p.add_argument("--dry-run", action="store_true", help="print what would resume and from which checkpoint; start nothing")
+    return p
+
+
+def main(argv: List[str]) -> int:
+    args = build_parser().parse_intermixed_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    run_dir = find_run(args.run, args.output_dir)
+    overrides = list(args.overrides) + ([f"launcher.max_restarts={args.max_restarts}"] if args.max_restarts is not None else [])
+    check_overrides(overrides)
+    cfg, checkpoint, step = resolve(run_dir, overrides)
+    if args.dry_run:
+        print(f"would resume {run_dir} from {checkpoint} (step {step}) to step {cfg.trainer.steps}")
+        return 0
+    return launch(cfg, run_dir, checkpoint, step)
+
+
+def find_run(run: str, output_dir: str) -> Path:
+    """RUN as a directory, else as a run id under output_dir; it must be one of our run directories."""
+    candidates = [Path(run), Path(output_dir) / run]
+    run_dir = next((p for p in candidates if p.is_dir()), None)
+    if run_dir is None:
+        raise ConfigError(f"no run '{run}': pass a run directory or a run id under {output_dir}/ (see `ls {output_dir}`)")
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "plan.json").is_file():
+        raise ConfigError(f"{run_dir} is not a launcher run directory (no config.yaml and plan.json): "
+                          f"pass <output_dir>/<run_id>, as printed at the end of a run")
+    return run_dir.resolve()
+
+
+def check_overrides(overrides: List[str]) -> None:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value: write it like trainer.steps=500")
+        key = item.split("=", 1)[0]
+        if any(key == k or (k.endswith(".") and key.startswith(k)) for k in CHANGEABLE):
+            continue
+        reason = next((why for prefix, why in FIXED if key == prefix or key.startswith(prefix)), None)
+        allowed = ", ".join(k + ("*" if k.endswith(".") else "") for k in CHANGEABLE)
+        raise ConfigError(f"{key} cannot change on resume ({reason or 'not a key a resumed run may change'}): "
+                          f"start a new run for that; resume accepts {allowed}")
+
+
+def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Path, int]:
+    """The recorded config with the overrides, the checkpoint to start from, and its step."""
+
+    cfg = load_config(str(run_dir / "config.yaml"), overrides + [f"output_dir={run_dir.parent}", f"run_id={run_dir.name}"])
+    if cfg.script.path is not None:
+        raise ConfigError(f"run {run_dir.name} ran your script {cfg.script.path}: resume continues the built-in "
+                          "trainer; start your script again with its own resume logic")
+    ckpt_dir = checkpoint_dir(cfg, str(run_dir))
+    assert ckpt_dir is not None
+    checkpoint = latest_valid(ckpt_dir, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
+    if checkpoint is None:
+        raise ConfigError(f"run {run_dir.name} has no usable checkpoint in {ckpt_dir}: "
+                          "start a new run (checkpoint.every_steps sets how often runs save)")
+    step = int(read_manifest(checkpoint)["step"])
+    if step >= cfg.trainer.steps:
+        raise ConfigError(f"run {run_dir.name} is already at step {step} of trainer.steps={cfg.trainer.steps}: "
+                          f"to train longer, resume with trainer.steps={2 * step}")
+    return cfg, checkpoint, step
+
+
+def launch(cfg: Config, run_dir: Path, checkpoint: Path, step: int) -> int:
+    started = process_start_time()
+    plan = build_plan(cfg, detect_hardware(), run_dir.name, str(run_dir))
+    log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
+    log.info(f"resuming run {run_dir.name} from {checkpoint.name} (step {step}) to step {cfg.trainer.steps}")
+    return local.run(cfg, plan, started)
+

@@ -1,0 +1,1 @@
+"""The typed configuration and its pure checks: schema, loading, compatibility, rendezvous settings."""

@@ -1,0 +1,109 @@
+"""Multi-node settings: which kind of launch a config asks for, and the rendezvous every node agrees on.
+
+Pure functions over the config: no sockets (launcher.backends.handshake) and no processes
+(launcher.backends.simulated). Four modes:
+  single     one node, this machine (c10d on a free loopback port)
+  simulated  --nodes N with no address: all N node agents on this machine (static rendezvous, free port)
+  static     --node-rank K --master-addr HOST --master-port PORT on every machine
+  c10d       --rdzv-endpoint HOST:PORT on every machine; ranks assigned on arrival, worker counts may differ
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Optional, Tuple
+
+from launcher.errors import ConfigError
+
+MODES = ("single", "simulated", "static", "c10d")
+_UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def launch_mode(cfg: Any) -> str:
+    r = cfg.rdzv
+    if r.endpoint:
+        return "c10d"
+    if r.node_rank is not None or r.master_addr:
+        return "static"
+    return "simulated" if cfg.nodes > 1 else "single"
+
+
+def validate_rendezvous(cfg: Any) -> None:
+    """Multi-node flags that contradict each other or are out of range; each message names the fix."""
+    r = cfg.rdzv
+    if r.endpoint and (r.node_rank is not None or r.master_addr):
+        raise ConfigError("--rdzv-endpoint (c10d) and --node-rank/--master-addr (static) are two kinds of "
+                          "rendezvous: give one of them on every node")
+    check_port(r.master_port, "--master-port")
+    if r.endpoint:
+        split_endpoint(r.endpoint)
+    if r.master_addr is not None and r.node_rank is None:
+        raise ConfigError(f"--master-addr {r.master_addr} needs --node-rank K: 0 on the machine at that address, "
+                          f"1..{max(cfg.nodes - 1, 1)} on the others")
+    if r.node_rank is not None:
+        if not 0 <= r.node_rank < cfg.nodes:
+            raise ConfigError(f"--node-rank {r.node_rank} is outside 0..{cfg.nodes - 1} for --nodes {cfg.nodes}: "
+                              f"number the machines 0..{cfg.nodes - 1}, one rank each")
+        if cfg.nodes > 1 and not r.master_addr:
+            raise ConfigError(f"--node-rank {r.node_rank} needs --master-addr HOST: the address of the machine "
+                              "started with --node-rank 0, the same on every node")
+    if r.id is not None and not _UNSAFE_ID_CHARS.sub("", r.id):
+        raise ConfigError(f"--rdzv-id '{r.id}' has no usable characters: use letters, digits, '-', '_' or '.'")
+
+
+def check_port(port: int, flag: str) -> None:
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{flag} {port} is outside 1..65535: pick a free TCP port, e.g. 29500")
+
+
+def split_endpoint(endpoint: str) -> Tuple[str, int]:
+    """'HOST:PORT' (or '[v6]:PORT') -> (host, port), or a ConfigError naming the expected form."""
+    host, sep, port_text = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"--rdzv-endpoint {endpoint} is not HOST:PORT: write it like node0.example.com:29400")
+    check_port(int(port_text), "--rdzv-endpoint port")
+    return host, int(port_text)
+
+
+def shared_run_id(cfg: Any) -> Optional[str]:
+    """The run id every node of a real multi-node job derives alike, so they share one run directory name.
+
+    --rdzv-id when given, else the rendezvous address and port (both are on every node's command
+    line). None for single and simulated runs, which get a fresh id.
+    """
+    mode = launch_mode(cfg)
+    if mode == "c10d":
+        host, port = split_endpoint(cfg.rdzv.endpoint)
+    elif mode == "static":
+        host, port = cfg.rdzv.master_addr or "127.0.0.1", cfg.rdzv.master_port
+    else:
+        return None
+    raw = cfg.rdzv.id if cfg.rdzv.id else f"{host}-{port}"
+    return "job-" + _UNSAFE_ID_CHARS.sub("_", raw).strip("_")
+
+
+def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, Any]:
+    """The plan's rendezvous fields; free_port is a port the caller found free (simulated mode)."""
+    mode = launch_mode(cfg)
+    fields: Dict[str, Any] = {"mode": mode, "node_rank": cfg.rdzv.node_rank, "rdzv_id": run_id}
+    if mode == "single":
+        fields.update(rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0")
+    elif mode == "simulated":
+        fields.update(rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port}")
+    elif mode == "static":
+        addr = cfg.rdzv.master_addr or "127.0.0.1"
+        fields.update(rdzv_backend="static", rdzv_endpoint=f"{addr}:{cfg.rdzv.master_port}")
+    else:
+        host, port = split_endpoint(cfg.rdzv.endpoint)
+        fields.update(rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
+                      rdzv_id=_UNSAFE_ID_CHARS.sub("_", cfg.rdzv.id) if cfg.rdzv.id else run_id)
+    return fields
+
+
+def rdzv_configs(plan: Any) -> Dict[str, Any]:
+    """torch's rendezvous options: the static backend needs this node's rank and its own timeout."""
+    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s}
+    if plan.rdzv_backend == "static":
+        configs.update(rank=plan.node_rank or 0, timeout=plan.rdzv_timeout_s)
+    return configs

@@ -1,0 +1,15 @@
+"""Every LAUNCHER_* environment variable, named once: what the launcher tells a worker, and the
+test hooks a worker reads. Nothing else of the project spells these names.
+"""
+
+# Set for every worker while the hang watchdog is on (watchdog.timeout_s > 0; README, Differences
+# from torchrun): where the heartbeat files go, and the timeout a heartbeat must beat.
+RUN_DIR = "LAUNCHER_RUN_DIR"
+WATCHDOG_TIMEOUT_S = "LAUNCHER_WATCHDOG_TIMEOUT_S"
+# When the user's command started (seconds since the epoch): the built-in trainer's time to first
+# step. The agent's own bookkeeping: a script never sees it.
+START_TIME = "LAUNCHER_START_TIME"
+# Test hooks of the built-in trainer (trainers.faults, trainers.inject_hang).
+INJECT_FAULT = "LAUNCHER_INJECT_FAULT"
+TEST_HANG_RANK = "LAUNCHER_TEST_HANG_RANK"
+TEST_HANG_STEP = "LAUNCHER_TEST_HANG_STEP"

@@ -1,0 +1,160 @@
+"""The command line's shared parts: the run command's flags and overrides, where a script's own
+arguments start, usage errors in one line, and the error contract every command answers with.
+
+launcher.cli dispatches; the subcommands (launcher.commands) parse their own flags with the same
+OneLineParser, and `compare` and `doctor --comm` reuse the run command's parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+from typing import Callable, List, NoReturn, Optional, Tuple
+
+from launcher.errors import LauncherError
+
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+EPILOG = """\
+examples:
+  python -m launcher --nodes 1 --gpus 2                     built-in DDP job, 2 workers
+  python -m launcher --gpus 4 trainer.steps=500 data.batch_size=64
+  python -m launcher --gpus 2 train.py --lr 0.1             your torchrun-style script, args passed through
+  python -m launcher --gpus 2 -m mypkg.train --epochs 3     a module, like python -m
+  python -m launcher --config configs/quick.yaml --dry-run  print the resolved config and plan only
+  python -m launcher --show-config                          every config key with its default
+  python -m launcher resume launcher_runs/RUN_ID trainer.steps=500   continue a run from its newest checkpoint
+  python -m launcher --cluster slurm --nodes 2 --gpus 4 slurm.partition=gpu slurm.time_min=240
+                                                            submit to SLURM; then: status RUN, logs RUN, cancel RUN
+
+  python -m launcher --nodes 2 --gpus 2                     2 nodes simulated on this machine (WORLD_SIZE 4)
+  python -m launcher --nodes 2 --gpus 4 --node-rank 0 --master-addr HOST --master-port 29500
+                                                            one node of a 2-machine job (run it on each, K=0,1)
+  python -m launcher --nodes 2 --gpus 2 --rdzv-endpoint HOST:29400 --rdzv-id job1
+                                                            c10d rendezvous: same command on every node
+  python -m launcher compare --gpus 4 strategies=ddp,fsdp   the same job under each strategy, side by side
+
+Configuration precedence: built-in defaults < --config YAML < flags and key=value overrides.
+Without CUDA, --gpus G runs G CPU workers with gloo.
+"""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line with a pointer to --help, exit code 2."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m launcher",
+        description="Launch a PyTorch distributed training job: built-in trainer or your own torchrun-style script.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", type=int_flag("--nodes"), metavar="N", help="number of nodes (default 1); e.g. --nodes 2")
+    p.add_argument("--gpus", type=int_flag("--gpus"), metavar="G",
+                   help="workers per node: one per GPU, or G CPU workers with gloo when there is no CUDA; e.g. --gpus 4")
+    p.add_argument("--config", metavar="FILE", help="a YAML config (path, or a name from configs/ such as 'quick')")
+    p.add_argument("--max-restarts", type=int_flag("--max-restarts"), metavar="K",
+                   help="restart the workers up to K times when one fails (launcher.max_restarts)")
+    p.add_argument("--rdzv-timeout", type=int_flag("--rdzv-timeout"), metavar="SECONDS",
+                   help="how long a node waits for the others (rdzv.timeout_s, default 60)")
+    p.add_argument("--node-rank", type=int_flag("--node-rank"), metavar="K",
+                   help="this machine's node rank, 0..N-1 (static rendezvous with --master-addr/--master-port)")
+    p.add_argument("--master-addr", metavar="HOST", help="node 0's host name or address (static rendezvous)")
+    p.add_argument("--master-port", type=int_flag("--master-port"), metavar="PORT",
+                   help="the port on node 0 the nodes meet on (static rendezvous, default 29500)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="torch's c10d rendezvous instead of --node-rank: node ranks are assigned on arrival and "
+                        "nodes may run different worker counts (e.g. --gpus 1 on one node, --gpus 2 on another)")
+    p.add_argument("--rdzv-id", metavar="ID", help="rendezvous and run id shared by all nodes of one job "
+                                                   "(default: derived from the address and port)")
+    p.add_argument("--cluster", choices=("local", "slurm"),
+                   help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*)")
+    p.add_argument("--wait", action="store_true", help="--cluster slurm: block until the job ends, showing rank 0's log")
+    p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default launcher_runs)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
+    p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as the script, like python -m MODULE")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. trainer.steps=50 seed=1")
+    return p
+
+
+def int_flag(name: str):
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} expects a whole number, got '{text}'") from None
+    return parse
+
+
+def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[str], List[str]]:
+    """Split launcher arguments from the script and its arguments.
+
+    The script starts at `-m MODULE` or at the first bare word that is not a flag's value and
+    not a key=value override; everything after it belongs to the script.
+    """
+    takes_value = {s for a in parser._actions if a.nargs != 0 and a.option_strings for s in a.option_strings}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m":
+            return argv[: i + 2], argv[i + 2:]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if token.startswith("-"):
+            i += 2 if token in takes_value else 1
+            continue
+        if OVERRIDE.match(token):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def parse_args(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+    parser = build_parser()
+    ours, script = split_argv(argv, parser)
+    args = parser.parse_intermixed_args(ours)
+    return args, script
+
+
+def config_overrides(args: argparse.Namespace) -> List[str]:
+    """Flags become overrides of their config keys, applied after the user's key=value items."""
+    overrides = list(args.overrides)
+    for flag, key in (("nodes", "nodes"), ("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
+                      ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"), ("cluster", "cluster"),
+                      ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),
+                      ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return overrides
+
+
+def script_spec(args: argparse.Namespace, script: List[str]) -> Optional[Tuple[str, bool, List[str]]]:
+    """(path or module, is_module, arguments) of the user's script, or None for the built-in trainer."""
+    if args.module:
+        return args.module, True, script
+    if script:
+        return script[0], False, script[1:]
+    return None
+
+
+def with_error_contract(call: Callable[[], int]) -> int:
+    """User errors and interrupts end in one line and an exit code; only bugs show a traceback."""
+    try:
+        return int(call())
+    except SystemExit as e:  # argparse already printed its one line (or --help)
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt as e:
+        print("interrupted", file=sys.stderr)
+        return 128 + getattr(e, "sigval", signal.SIGINT)

@@ -1,0 +1,1 @@
+"""The worker process: its first code (bootstrap) and the built-in trainer's entry."""

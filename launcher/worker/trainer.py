@@ -1,0 +1,78 @@
+"""The built-in trainer inside a worker process (launcher.worker.bootstrap starts it; scripts never come here)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import sys
+import traceback
+from typing import IO, Any, Dict, NoReturn
+
+
+def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
+    """Train, write this rank's result where the agent reads it, and leave.
+
+    The exit skips the interpreter's teardown: the trainer has closed its loggers and its process
+    group already, and a process-group destructor can block forever (the hang at exit that forked
+    tutorial scripts showed), so nothing is left for a normal exit to do but risk that.
+    """
+    from launcher.config.schema import from_dict
+    from trainers.stop import STOP
+    from trainers.train import train
+
+    try:
+        result = train(from_dict(spec["config"]), spec["run_dir"])
+    except SystemExit as e:
+        _exit_now(e.code if isinstance(e.code, int) else (0 if e.code is None else 1), status)
+    except KeyboardInterrupt:
+        _exit_now(128 + signal.SIGINT, status)
+    except BaseException as e:
+        traceback.print_exc()
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(e)  # the agent reads this to name the error
+        _exit_now(1, status)
+    if STOP.signum is not None:  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
+        _exit_now(128 + STOP.signum, status)
+    tmp = spec["result_file"] + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    os.replace(tmp, spec["result_file"])
+    _exit_now(0, status)
+
+
+def _exit_now(code: int, status: IO[str]) -> NoReturn:
+    """Leave without running destructors: a process group whose peer is gone can block forever in
+    its destructor, which would keep a failed or interrupted worker alive (and the job hung)."""
+    from launcher.runtime import beats
+
+    beats.disarm()
+    _release_multiprocessing_resources()
+    try:
+        status.write(f"done {code}\n")
+        status.close()
+    except (OSError, ValueError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _release_multiprocessing_resources() -> None:
+    """What a normal exit does first, minus anything that can block: unlink this process's named
+    semaphores (a DataLoader's queues under the spawn or forkserver method) and stop its daemonic
+    children (DataLoader workers). Skipped, the launcher's resource tracker printed 'leaked
+    semaphore objects' after the job's one-line error."""
+    try:
+        multiprocessing.util._run_finalizers(0)  # priority >= 0: closes and unlinks, never joins
+        for child in multiprocessing.active_children():
+            if child.daemon:
+                child.terminate()
+    except Exception:  # best effort on the way out; the exit code matters more
+        pass
