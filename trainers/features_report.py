@@ -40,7 +40,7 @@ class FeatureTimes:
 
 
 def loader_settings(cfg: Any, device: torch.device, rank: int) -> Dict[str, Any]:
-    """DataLoader processes and pinned memory for this device (see launcher.config.features for the defaults)."""
+    """DataLoader processes and pinned memory for this device ("auto" resolved here, per device)."""
     pin = resolve_pin_memory(cfg.data.pin_memory, device.type)
     if cfg.data.pin_memory and not pin and rank == 0:
         print("data.pin_memory=true ignored: no CUDA device to copy to", flush=True)

@@ -12,31 +12,33 @@ import signal
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from launcher.runtime import env
 from launcher.runtime.beats import heartbeat
 from launcher.runtime.config import read_config
+from launcher.runtime.env import START_TIME
 from trainers.autobatch import activation_bytes, resolve_auto_batch
-from trainers.checkpointing import Checkpointer, open_epoch
+from trainers.checkpointing import Checkpointer, Start, open_epoch
 from trainers.data import build_dataset, build_loader, grouped_batches
 from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
 from trainers.faults import maybe_fail
 from trainers.features_report import FeatureTimes, feature_summary, loader_settings
 from trainers.footprint import PeakMemory, state_bytes
 from trainers.inject_hang import maybe_hang
-from trainers.loggers import build_loggers, run_dir_from_env
+from trainers.loggers import MetricsLogger, build_loggers, run_dir_from_env
 from trainers.memory import OutOfMemory, memory_stats, oom_message
 from trainers.metrics import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
 from trainers.models import build_model, param_checksum
 from trainers.precision import Precision, resolve_precision
 from trainers.stepping import grad_norm, optimizer_step
 from trainers.stop import STOP
-from trainers.strategies import STRATEGIES, data_layout
+from trainers.strategies import STRATEGIES, DataLayout, data_layout
 from trainers.transforms import prepare_model
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
@@ -54,12 +56,60 @@ def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     except torch.OutOfMemoryError as e:  # outside the loop (model, auto batch); the loop names its step
         raise OutOfMemory(oom_message(env.rank, device, None, cfg)) from e
     # Only on success: a failing rank must not close its connections before its error is recorded,
-    # or its peers' "connection closed" errors may be recorded first and blamed (launcher.agent.launch.root_cause).
+    # or its peers' "connection closed" errors may be recorded first and blamed (launcher.agent.failures.root_cause).
     dist.destroy_process_group()
     return result
 
 
+@dataclass
+class _Run:
+    """What set-up builds for the loop and the finish, so the steps share one object, not a dozen locals."""
+
+    model: torch.nn.Module
+    dataset: TensorDataset
+    precision: Precision
+    auto: Dict[str, Any]  # the automatic batch size's figures; empty unless data.batch_size=auto
+    layout: DataLayout
+    loader: DataLoader
+    sampler: DistributedSampler
+    optimizer: torch.optim.Optimizer
+    checkpointer: Checkpointer
+    start: Start  # where the loop begins: from scratch or just after a checkpoint
+    loggers: MetricsLogger
+    meter: StepMeter
+    accum: int  # micro-batches per optimizer step
+    global_batch: int  # the effective batch of one optimizer step
+    memory: PeakMemory
+
+
+@dataclass
+class _LoopState:
+    """Where the loop is, what the summary needs from it, and the metrics window still open."""
+
+    step: int
+    epoch: int
+    skip: int  # batches of `epoch` to pass over (a resumed run); 0 from the next epoch on
+    rng: Optional[dict]  # RNG states to restore when opening `epoch` (open_epoch); None from the next epoch on
+    stop: bool = False  # the ranks agreed to stop (a signal arrived on one of them)
+    first_step_at: Optional[float] = None
+    step_times: List[float] = field(default_factory=list)
+    times: FeatureTimes = field(default_factory=FeatureTimes)
+    window_start: float = field(default_factory=time.perf_counter)
+    window_steps: int = 0
+    loss: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
+    in_flight: Optional[Tuple[Gathered, Dict[str, Any]]] = None  # a log step's record awaiting its rows
+
+
 def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str) -> Dict[str, Any]:
+    """Set up, train, finish: every rank runs the three in lockstep, as each holds collectives."""
+    run = _set_up(cfg, run_dir, env, device)
+    _announce(cfg, run_dir, env, device, backend, run)
+    state = _loop(cfg, env, device, run)
+    return _finish(cfg, env, device, backend, run, state)
+
+
+def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device) -> _Run:
+    """Model, data, optimizer and metrics, resumed from the newest checkpoint if there is one."""
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = STRATEGIES[cfg.trainer.strategy](prepare_model(build_model(cfg.model), cfg.trainer), device, cfg)
     seed_everything(cfg.seed + env.rank)  # per-rank randomness from here on
@@ -76,96 +126,120 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
     comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
     meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm, compute_dtype=precision.dtype)
     accum = cfg.trainer.grad_accum_steps
-    global_batch = layout.batch_size * layout.shard_count * accum  # the effective batch of one optimizer step
-    memory = PeakMemory(device)
+    return _Run(model, dataset, precision, auto, layout, loader, sampler, optimizer, checkpointer, start, loggers,
+                meter, accum, global_batch=layout.batch_size * layout.shard_count * accum, memory=PeakMemory(device))
+
+
+def _announce(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str, run: _Run) -> None:
+    """Say where this rank runs and what it reads, before the first step."""
     print(f"rank {env.rank}/{env.world_size} (node {env.group_rank}, local rank {env.local_rank}, pid {os.getpid()}) "
-          f"on {device}, {backend}, {len(sampler)} samples per epoch", flush=True)
-    if layout.note and env.rank == 0:
-        print(f"{cfg.trainer.strategy}: {layout.note}", flush=True)
+          f"on {device}, {backend}, {len(run.sampler)} samples per epoch", flush=True)
+    if run.layout.note and env.rank == 0:
+        print(f"{cfg.trainer.strategy}: {run.layout.note}", flush=True)
     if cfg.data.record_shards and run_dir:
-        _record_shard(run_dir, env.rank, list(iter(sampler)))
+        _record_shard(run_dir, env.rank, list(iter(run.sampler)))
 
-    step, epoch, first_step_at = start.step, start.epoch, None
-    skip, rng, stop = start.skip, start.rng, False
-    step_times: List[float] = []
-    times = FeatureTimes()
-    window_start, window_steps, loss = time.perf_counter(), 0, torch.zeros(())
-    in_flight: Optional[Tuple[Gathered, Dict[str, Any]]] = None  # a log step's record awaiting its rows
 
-    def log_window(gathered: Gathered, record: Dict[str, Any]) -> None:
-        rows = gathered.rows()
-        record["loss"] = float(rows[:, 0].mean())
-        if meter.detailed:
-            record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], meter))
-        loggers.log(record)
-
+def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState:
+    """Optimizer steps, epoch after epoch, until cfg.trainer.steps or until the ranks agree to stop."""
+    start = run.start
+    state = _LoopState(start.step, start.epoch, start.skip, start.rng)
     heartbeat()  # arms the node's hang watchdog for this rank (launcher.agent.watchdog)
-    while step < cfg.trainer.steps and not stop:
-        sampler.set_epoch(epoch)
-        batch_in_epoch = skip
-        for micro_batches in grouped_batches(open_epoch(loader, skip, rng), accum):  # one optimizer step's batches
-            t0 = time.perf_counter()
-            meter.start(micro_batches[0][0][0], sum(len(b[0][0]) for b in micro_batches))
-            try:  # forward + backward as the strategy needs them, accumulation, clipping, optimizer step
-                result = optimizer_step(model, optimizer, micro_batches, device, precision, cfg.trainer.max_grad_norm, meter)
-            except torch.OutOfMemoryError as e:
-                raise OutOfMemory(oom_message(env.rank, device, step + 1, cfg)) from e
-            loss = result.loss
-            step += 1
+    while state.step < cfg.trainer.steps and not state.stop:
+        run.sampler.set_epoch(state.epoch)
+        batch_in_epoch = state.skip
+        epoch_batches = open_epoch(run.loader, state.skip, state.rng)
+        for micro_batches in grouped_batches(epoch_batches, run.accum):  # one optimizer step's batches
+            _train_step(cfg, env, device, run, state, micro_batches)
             batch_in_epoch += len(micro_batches)
-            step_times.append(time.perf_counter() - t0)
-            meter.end(counted=step > WARMUP_STEPS)
-            if in_flight is not None:  # the last log step's figures have arrived during this step
-                with meter.measuring():
-                    log_window(*in_flight)
-                in_flight = None
-            logging = step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps
-            if result.grad_norm is None and (logging or times.grad_norm_first is None):
-                with meter.measuring():  # not clipping: the norm is read for logging only
-                    result.grad_norm = grad_norm(model)
-            times.add(result)
-            maybe_fail(env.rank, step, env.restart_count)
-            window_steps += 1
-            if first_step_at is None:
-                first_step_at = time.time()
-            if logging:
-                with meter.measuring():  # counted in metrics_overhead_share
-                    elapsed = time.perf_counter() - window_start
-                    record = {
-                        "step": step,
-                        "epoch": epoch,
-                        "loss": None,  # from the gathered rows
-                        "samples_per_s": global_batch * window_steps / elapsed,
-                        "step_time_s": elapsed / window_steps,
-                        **times.window(window_steps, precision), **memory_stats(device),
-                    }
-                    # the loss rides along; the rows travel during the next step and are logged then
-                    in_flight = (meter.gather(float(loss)), record)
-                    window_start, window_steps = time.perf_counter(), 0
             heartbeat()
-            maybe_hang(env.rank, step)
-            stop = checkpointer.after_step(step, epoch, batch_in_epoch, lambda: _mean_across_ranks(loss, env.world_size),
-                                           last=step == cfg.trainer.steps)
-            if step == cfg.trainer.steps or stop:
+            maybe_hang(env.rank, state.step)
+            state.stop = run.checkpointer.after_step(state.step, state.epoch, batch_in_epoch,
+                                                     lambda: _mean_across_ranks(state.loss, env.world_size),
+                                                     last=state.step == cfg.trainer.steps)
+            if state.step == cfg.trainer.steps or state.stop:
                 break
-        epoch, skip, rng = epoch + 1, 0, None
-    if in_flight is not None:
-        log_window(*in_flight)
-    figures = job_figures(meter, step - WARMUP_STEPS if step > WARMUP_STEPS else step)
+        state.epoch, state.skip, state.rng = state.epoch + 1, 0, None
+    if state.in_flight is not None:
+        _log_window(cfg, run, *state.in_flight)
+    return state
 
-    if step_times or start.resumed is None:
-        final_loss = _mean_across_ranks(loss.detach(), env.world_size)
+
+def _train_step(cfg: Any, env: DistEnv, device: torch.device, run: _Run, state: _LoopState,
+                micro_batches: List[Any]) -> None:
+    """One optimizer step and its metrics; the last log step's window is logged here, its rows having arrived."""
+    t0 = time.perf_counter()
+    meter = run.meter
+    meter.start(micro_batches[0][0][0], sum(len(b[0][0]) for b in micro_batches))
+    try:  # forward + backward as the strategy needs them, accumulation, clipping, optimizer step
+        result = optimizer_step(run.model, run.optimizer, micro_batches, device, run.precision,
+                                cfg.trainer.max_grad_norm, meter)
+    except torch.OutOfMemoryError as e:
+        raise OutOfMemory(oom_message(env.rank, device, state.step + 1, cfg)) from e
+    state.loss = result.loss
+    state.step += 1
+    state.step_times.append(time.perf_counter() - t0)
+    meter.end(counted=state.step > WARMUP_STEPS)
+    if state.in_flight is not None:  # the last log step's figures have arrived during this step
+        with meter.measuring():
+            _log_window(cfg, run, *state.in_flight)
+        state.in_flight = None
+    logging = state.step % cfg.trainer.log_every == 0 or state.step == cfg.trainer.steps
+    if result.grad_norm is None and (logging or state.times.grad_norm_first is None):
+        with meter.measuring():  # not clipping: the norm is read for logging only
+            result.grad_norm = grad_norm(run.model)
+    state.times.add(result)
+    maybe_fail(env.rank, state.step, env.restart_count)
+    state.window_steps += 1
+    if state.first_step_at is None:
+        state.first_step_at = time.time()
+    if logging:
+        _close_window(device, run, state)
+
+
+def _close_window(device: torch.device, run: _Run, state: _LoopState) -> None:
+    """End the metrics window at a log step; its record waits in flight for the ranks' rows, so no rank waits now."""
+    with run.meter.measuring():  # counted in metrics_overhead_share
+        elapsed = time.perf_counter() - state.window_start
+        record = {
+            "step": state.step,
+            "epoch": state.epoch,
+            "loss": None,  # from the gathered rows
+            "samples_per_s": run.global_batch * state.window_steps / elapsed,
+            "step_time_s": elapsed / state.window_steps,
+            **state.times.window(state.window_steps, run.precision), **memory_stats(device),
+        }
+        # the loss rides along; the rows travel during the next step and are logged then
+        state.in_flight = (run.meter.gather(float(state.loss)), record)
+        state.window_start, state.window_steps = time.perf_counter(), 0
+
+
+def _log_window(cfg: Any, run: _Run, gathered: Gathered, record: Dict[str, Any]) -> None:
+    """Log a closed window once its rows are here: the loss is the mean over ranks."""
+    rows = gathered.rows()
+    record["loss"] = float(rows[:, 0].mean())
+    if run.meter.detailed:
+        record.update(window_metrics(rows, cfg.metrics.straggler_fraction, record["samples_per_s"], run.meter))
+    run.loggers.log(record)
+
+
+def _finish(cfg: Any, env: DistEnv, device: torch.device, backend: str, run: _Run, state: _LoopState) -> Dict[str, Any]:
+    """The run's result, logged as its summary; it holds collectives, so every rank calls it."""
+    figures = job_figures(run.meter, state.step - WARMUP_STEPS if state.step > WARMUP_STEPS else state.step)
+    if state.step_times or run.start.resumed is None:
+        final_loss = _mean_across_ranks(state.loss.detach(), env.world_size)
     else:  # a finished run started again: nothing left to train
-        final_loss = start.resumed.position.loss
-    checksum = param_checksum(model)
-    checksums: List[Optional[float]] = [None] * env.world_size
-    dist.all_gather_object(checksums, checksum)
-    footprint = {**state_bytes(model, optimizer), "peak_memory_bytes": memory.peak_bytes(), **memory_stats(device),
-                 "activation_bytes": activation_bytes(model, dataset, layout.batch_size, device, precision)}
-    footprints: List[Optional[Dict[str, int]]] = [None] * env.world_size
-    dist.all_gather_object(footprints, footprint)
-    steady = step_times[WARMUP_STEPS:] or step_times
+        final_loss = run.start.resumed.position.loss
+    checksum = param_checksum(run.model)
+    checksums = _gather_objects(checksum, env.world_size)
+    footprint = {**state_bytes(run.model, run.optimizer), "peak_memory_bytes": run.memory.peak_bytes(),
+                 **memory_stats(device),
+                 "activation_bytes": activation_bytes(run.model, run.dataset, run.layout.batch_size, device,
+                                                      run.precision)}
+    footprints = _gather_objects(footprint, env.world_size)
+    steady = state.step_times[WARMUP_STEPS:] or state.step_times
     median = statistics.median(steady) if steady else None
+    samples_per_s = run.global_batch / median if median else None
     result = {
         "rank": env.rank,
         "world_size": env.world_size,
@@ -173,25 +247,32 @@ def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device,
         "device_type": device.type,
         "strategy": cfg.trainer.strategy,
         "model": cfg.model.name,
-        "steps": step,
-        "epochs_started": epoch + 1,
-        "global_batch_size": global_batch,
-        "samples_per_s": global_batch / median if median else None,
+        "steps": state.step,
+        "epochs_started": state.epoch + 1,
+        "global_batch_size": run.global_batch,
+        "samples_per_s": samples_per_s,
         "step_time_s_median": median,
         "final_loss": final_loss,
         "param_checksum": checksum,
         "param_checksums": checksums,
-        "time_to_first_step_s": _since_launch(first_step_at),
+        "time_to_first_step_s": _since_launch(state.first_step_at),
         "restart_count": env.restart_count,
-        "resumed_from_step": start.resumed.position.step if start.resumed else None,
+        "resumed_from_step": run.start.resumed.position.step if run.start.resumed else None,
         "stopped_by": signal.Signals(STOP.signum).name if STOP.signum else None,
-        **_strategy_figures(cfg, layout, footprints, global_batch / median if median else None, memory.kind),
+        **_strategy_figures(cfg, run.layout, footprints, samples_per_s, run.memory.kind),
         **figures,
-        **feature_summary(cfg, layout, precision, times, step_times, median), **auto,
+        **feature_summary(cfg, run.layout, run.precision, state.times, state.step_times, median), **run.auto,
     }
-    loggers.log_summary(result)
-    loggers.close()
+    run.loggers.log_summary(result)
+    run.loggers.close()
     return result
+
+
+def _gather_objects(value: Any, world: int) -> List[Any]:
+    """Every rank's value, in rank order (a collective)."""
+    values: List[Any] = [None] * world
+    dist.all_gather_object(values, value)
+    return values
 
 
 def _strategy_figures(cfg: Any, layout: Any, footprints: List[Any], samples_per_s: Optional[float], memory_kind: str) -> Dict[str, Any]:
@@ -217,7 +298,7 @@ def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
 
 
 def _since_launch(at: Optional[float]) -> Optional[float]:
-    start = os.environ.get(env.START_TIME)
+    start = os.environ.get(START_TIME)
     if at is None or not start:
         return None
     return at - float(start)
