@@ -18,6 +18,7 @@ from launcher.config.schema import Config
 from launcher.errors import ConfigError
 from launcher.config.features import check_device_features
 from launcher.runtime import env as names
+from launcher.config.rendezvous import rendezvous_fields
 
 # The torch 2.13 elastic agent shares its rendezvous TCPStore with the workers; restarted
 # workers then read the dead attempt's gloo addresses and hang (FACTS.md, pytorch#135712).
@@ -108,8 +109,6 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
 
     free_port: a TCP port the caller found free, for the nodes of a simulated multi-node job to meet on.
     """
-    from launcher.config.rendezvous import rendezvous_fields
-
     notices = []
     workers = workers_per_node(cfg)
     if hw.cuda_devices > 0:

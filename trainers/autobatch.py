@@ -14,13 +14,12 @@ from torch import nn
 from trainers.memory import GIB, agreed, default_cap_bytes, find_batch_size, local_state_bytes, saved_activation_bytes
 from trainers.models import loss_fn
 from trainers.precision import Precision
+from trainers.strategies import data_layout
 
 
 def resolve_auto_batch(model: nn.Module, dataset: Any, cfg: Any, env: Any, device: torch.device,
                        precision: Precision) -> Dict[str, Any]:
     """Set cfg.data.batch_size to the largest per-worker batch that fits; returns what was tried."""
-    from trainers.strategies import data_layout
-
     def per_process(b: int) -> Any:
         cfg.data.batch_size = b
         return data_layout(cfg, env.rank, env.world_size, device)

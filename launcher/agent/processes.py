@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from launcher.agent.streams import OutputRouter
 from launcher.agent.zygote import BOOTSTRAP, Zygote
+from launcher.runtime.beats import STACK_SIGNAL, stack_file
 
 log = logging.getLogger("launcher")
 STACK_WAIT_S = 2.0
@@ -177,8 +178,6 @@ class WorkerProcesses(PContext):
     def _dump_stacks(self, w: _Worker) -> str:
         if not self.job.heartbeat:
             return ""
-        from launcher.runtime.beats import STACK_SIGNAL, stack_file
-
         path = stack_file(self.job.run_dir, w.rank)
         try:
             os.kill(w.pid, STACK_SIGNAL)

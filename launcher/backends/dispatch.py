@@ -20,7 +20,7 @@ from types import ModuleType
 from launcher.agent.zygote import Zygote
 from launcher.config.rendezvous import launch_mode, shared_run_id
 from launcher.config.schema import Config, to_yaml
-from launcher.plan import build_plan, new_run_id
+from launcher.plan import build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir
 from launcher.warmstart import collector_paused
 
@@ -32,8 +32,6 @@ def launch(cfg: Config, dry_run: bool, started: float) -> int:
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
     with collector_paused():  # torch's import: see launcher.warmstart
         backend = backend_for(mode)
-        from launcher.plan import detect_hardware
-
         run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
         run_dir = str(Path(cfg.output_dir).resolve() / run_id)
         port = backend.pick_port() if mode == "simulated" else 0

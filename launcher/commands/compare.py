@@ -20,6 +20,8 @@ from launcher.config.schema import STRATEGIES, load_config
 from launcher.errors import ConfigError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, read_json, write_json
+from launcher.usage import build_parser, config_overrides
+from launcher.commands.compare_report import print_table, write_reports
 
 ROW_KEYS = ("samples_per_s", "tokens_per_s", "step_time_s_median", "final_loss", "processes", "world_size",
             "peak_memory_kind", "peak_memory_bytes_per_rank", "param_bytes_per_rank", "grad_bytes_per_rank",
@@ -42,9 +44,6 @@ def split_strategies(argv: List[str]) -> Tuple[List[str], List[str]]:
 
 
 def main(argv: List[str]) -> int:
-    from launcher.usage import build_parser, config_overrides
-    from launcher.commands.compare_report import print_table, write_reports
-
     strategies, rest = split_strategies(argv)
     parser = build_parser()
     parser.prog = "python -m launcher compare"

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Callable, List
 
 from launcher.config.schema import Config, load_config
+from launcher.usage import OneLineParser
+from launcher.commands.doctor_comm import check_sizes, run_comm_test
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 MIN_PYTHON = (3, 10)  # setup.cfg python_requires
@@ -225,8 +227,6 @@ def print_checks(checks: List[Check]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.usage import OneLineParser
-
     p = OneLineParser(prog="python -m launcher doctor",
                       description="Check this machine for distributed training; --comm also measures all-reduce bandwidth.")
     p.add_argument("--comm", action="store_true", help="run a real all-reduce bandwidth test through the launcher")
@@ -242,14 +242,10 @@ def main(argv: List[str]) -> int:
     args = build_parser().parse_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
     cfg = load_config(args.config, args.overrides)
     if args.comm:
-        from launcher.commands.doctor_comm import check_sizes
-
         check_sizes(args)  # before the checks: a bad size is a one-line error, not a report then an error
     checks = run_checks(cfg)
     print_checks(checks)
     failed = any(c.verdict == FAIL for c in checks)
     if args.comm:
-        from launcher.commands.doctor_comm import run_comm_test
-
         failed = run_comm_test(args, cfg) != 0 or failed
     return 1 if failed else 0

@@ -22,6 +22,8 @@ from launcher.config.schema import Config, load_config, redact, to_dict
 from launcher.errors import ConfigError, WorkerFailedError
 from launcher.rundir import read_json, write_atomic, write_json
 from launcher.commands.scale_report import COLUMNS, render_markdown, render_plot, print_table, scaling_rows
+from launcher.usage import OneLineParser
+from trainers.wandb_logger import log_table
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,6 @@ def build_points(gpus: List[int], nodes: List[int], mode: str, batch_size: int) 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.usage import OneLineParser
-
     p = OneLineParser(prog="python -m launcher scale",
                       description="Run the job at each size and report throughput and scaling efficiency.")
     p.add_argument("--gpus", required=True, metavar="LIST", help="workers per node to try, e.g. 1,2,4")
@@ -138,8 +138,6 @@ def capacity_notice(max_workers: int, cores: Optional[int] = None, cuda_devices:
 
 def report(cfg: Config, mode: str, points: List[SweepPoint], summaries: List[Dict[str, Any]], sweep_dir: Path,
            group: str, notice: Optional[str]) -> int:
-    from trainers.wandb_logger import log_table
-
     rows = scaling_rows(points, summaries)
     result = {"mode": mode, "group": group, "device_type": summaries[0].get("device_type"), "notice": notice, "sizes": rows}
     write_json(sweep_dir / "scale.json", result)

@@ -12,6 +12,10 @@ import json
 import time
 from typing import Any, Dict, List, Optional
 
+import torch
+
+from trainers.models import MLP, loss_fn
+
 WARMUP_STEPS = 5  # first steps pay for allocation, kernel selection and cuDNN/cuBLAS autotuning
 
 
@@ -41,10 +45,6 @@ def visible_devices() -> List[str]:
 
 def time_device(device_name: str, steps: int, batch_size: int, hidden: int) -> Dict[str, Any]:
     """Train an MLP for WARMUP_STEPS + steps on one device; the timed part is the last `steps`."""
-    import torch
-
-    from trainers.models import MLP, loss_fn
-
     torch.manual_seed(0)
     device = torch.device(device_name)
     model = MLP(256, hidden, 4, 10).to(device)

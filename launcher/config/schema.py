@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from launcher.errors import ConfigError
+from launcher.config.rendezvous import validate_rendezvous
+from launcher.config.compat import check_strategy
+from launcher.config.features import check_feature_config
 
 STRATEGIES = ("dp", "ddp", "fsdp", "pipeline", "tensor", "naive_mp")
 MODELS = ("mlp", "gpt", "cnn")
@@ -237,8 +240,6 @@ def validate(cfg: Config) -> None:
     auto_batch = _check_batch_size(cfg.data.batch_size)
     _at_least(cfg.data.dataset_size, 1, "data.dataset_size")
     _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
-    from launcher.config.rendezvous import validate_rendezvous
-
     validate_rendezvous(cfg)
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
@@ -279,9 +280,6 @@ def validate(cfg: Config) -> None:
     if cfg.script.path is not None and not cfg.script.module:
         _check_script(cfg.script.path)
     else:
-        from launcher.config.compat import check_strategy
-        from launcher.config.features import check_feature_config
-
         _one_of(cfg.trainer.pipeline.schedule, PIPELINE_SCHEDULES, "trainer.pipeline.schedule")
         check_feature_config(cfg)  # first: it rejects batch_size=auto where check_strategy does batch arithmetic
         check_strategy(cfg)

@@ -91,7 +91,12 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
 
 
 def preload(kind: str) -> None:
-    """Imports only: no tensor, no thread pool, no CUDA before the fork."""
+    """Imports only: no tensor, no thread pool, no CUDA before the fork.
+
+    Every import in here, and in become_worker, is inside the function on purpose: a script's
+    worker must hold nothing of this project or of torch beyond what the script imports itself
+    under torchrun (tests/test_fidelity.py), so only the built-in trainer's branch loads them.
+    """
     import gc
 
     gc.disable()  # import-heavy: the collector would rescan millions of new objects (launcher.warmstart)

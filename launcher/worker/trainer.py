@@ -11,6 +11,11 @@ import sys
 import traceback
 from typing import IO, Any, Dict, NoReturn
 
+from launcher.config.schema import from_dict
+from launcher.runtime import beats
+from trainers.stop import STOP
+from trainers.train import train
+
 
 def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
     """Train, write this rank's result where the agent reads it, and leave.
@@ -19,10 +24,6 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
     group already, and a process-group destructor can block forever (the hang at exit that forked
     tutorial scripts showed), so nothing is left for a normal exit to do but risk that.
     """
-    from launcher.config.schema import from_dict
-    from trainers.stop import STOP
-    from trainers.train import train
-
     try:
         result = train(from_dict(spec["config"]), spec["run_dir"])
     except SystemExit as e:
@@ -47,8 +48,6 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
 def _exit_now(code: int, status: IO[str]) -> NoReturn:
     """Leave without running destructors: a process group whose peer is gone can block forever in
     its destructor, which would keep a failed or interrupted worker alive (and the job hung)."""
-    from launcher.runtime import beats
-
     beats.disarm()
     _release_multiprocessing_resources()
     try:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple, Union
 
 from launcher.errors import ConfigError, LaunchError
 from launcher.rundir import read_json
+from launcher.usage import OneLineParser
 
 JOB_FILE = "job.json"
 # sacct states after which the job will not run again (REQUEUED and PREEMPTED may run again).
@@ -25,8 +26,6 @@ EXIT_CODES = {"COMPLETED": 0, "CANCELLED": 130}  # anything else final: 1
 def parse_run_args(command: str, description: str, argv: List[str],
                    more: Optional[Callable[[argparse.ArgumentParser], None]] = None) -> Union[argparse.Namespace, int]:
     """`python -m launcher COMMAND RUN [--output-dir DIR] ...`: the arguments, or argparse's exit code."""
-    from launcher.usage import OneLineParser
-
     p = OneLineParser(prog=f"python -m launcher {command}", description=description)
     p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
     p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")

@@ -109,6 +109,8 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
 
 
 def _submit(executor: Any, cfg: Config) -> Any:
+    # Imported only when a job is really submitted: the task loads torch's elastic agent (2.3 s,
+    # -X importtime), which --dry-run and the status/logs/cancel commands never need.
     import submitit
 
     from launcher.backends.slurm.task import SlurmNodeAgent
