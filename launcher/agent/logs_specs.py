@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
@@ -15,9 +15,11 @@ class RunDirLogsSpecs(LogsSpecs):
     A restarted attempt writes logs/rank-<k>.attempt-<n>.log so the first failure stays readable.
     """
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, on_placement: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
+        """on_placement: called with each new placement, before the workers start (it must not raise)."""
         super().__init__(str(log_dir), Std.NONE, Std.NONE, None)
         self._log_dir = log_dir
+        self._on_placement = on_placement
         # where this node's workers ran, as the agent assigned it: group_rank, ranks, world_size
         self.placement: Dict[str, Any] = {}
 
@@ -30,6 +32,8 @@ class RunDirLogsSpecs(LogsSpecs):
         first = next(iter(envs.values()), {})
         self.placement = {"group_rank": int(first.get("GROUP_RANK", 0)), "world_size": int(first.get("WORLD_SIZE", 0)),
                           "ranks": sorted(int(env["RANK"]) for env in envs.values())}
+        if self._on_placement is not None:
+            self._on_placement(self.placement)
         for local_rank, env in envs.items():
             rank, attempt = env["RANK"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
             suffix = "" if attempt == 0 else f".attempt-{attempt}"

@@ -1,6 +1,7 @@
 """The nodes' handshake: before torch's elastic agent starts, every node checks in on a TCPStore at the
 rendezvous address, so a wrong address, a mismatched --nodes/--gpus or a duplicate --node-rank is named
-within --rdzv-timeout instead of hanging. After the job the nodes exchange where their ranks ran.
+within --rdzv-timeout instead of hanging. When its workers start, each node publishes where its ranks
+run; after the job, the node that writes summary.json collects the list.
 
 The store is created multi-tenant on the rendezvous port: torch's static and c10d rendezvous create
 theirs the same way, so in the hosting process they share this one server (one port, no second one).
@@ -27,6 +28,7 @@ from launcher.config.rendezvous import split_endpoint
 log = logging.getLogger("launcher")
 POLL_S = 0.1
 PLACEMENT_WAIT_S = 30.0  # after a finished job, how long nodes wait for each other's rank lists
+FAILED_PLACEMENT_WAIT_S = 3.0  # after a failed one, for a node between taking its slot and writing it
 
 
 def resolve_or_fail(host: str, flag: str) -> None:
@@ -118,6 +120,8 @@ class NodeHandshake:
         self.is_host = False
         self.store: Any = None
         self._raw: Any = None
+        self._slot: Optional[int] = None  # this node's index among the published placements
+        self._record: Dict[str, Any] = {}
 
     # -- connecting -------------------------------------------------------------------------
     def connect(self) -> None:
@@ -228,30 +232,49 @@ class NodeHandshake:
             time.sleep(POLL_S)
 
     # -- after the job ----------------------------------------------------------------------
-    def exchange_placement(self, nodes: int, placement: Dict[str, Any], holds_rank0: bool) -> List[Dict[str, Any]]:
-        """Every node publishes where its ranks ran; the node with rank 0 gets the whole list.
+    def publish_placement(self, placement: Dict[str, Any]) -> None:
+        """Say where this node's ranks run (launcher.agent.logs_specs calls it as the workers start, again
+        on a restart). Never raises: a lost store costs the node list, not the job."""
+        self._record = {**placement, "host": socket.gethostname(), "workers": len(placement.get("ranks", []))}
+        try:
+            if self._slot is None:
+                self._slot = self.store.add("placed", 1)
+            self.store.set(f"placement/{self._slot}", json.dumps(self._record))
+        except (RuntimeError, TimeoutError, AttributeError) as e:
+            log.debug(f"publishing this node's placement failed: {e!r}")
+
+    def exchange_placement(self, nodes: int, holds_rank0: bool) -> List[Dict[str, Any]]:
+        """After a finished job: the node with rank 0 gets the whole list.
 
         The host keeps the store up until that node has read it (bounded: a vanished node costs
         PLACEMENT_WAIT_S, never a hang).
         """
-        record = {**placement, "host": socket.gethostname(), "workers": len(placement.get("ranks", []))}
         try:
-            index = self.store.add("placed", 1)
-            self.store.set(f"placement/{index}", json.dumps(record))
-            found: List[Dict[str, Any]] = [record]
+            found: List[Dict[str, Any]] = [self._record]
             if holds_rank0:
-                found = self._collect(nodes)
+                found = self._collect(nodes, PLACEMENT_WAIT_S)
                 self.store.set("collected", "1")
             elif self.is_host:
                 self._wait_key("collected")
         except (RuntimeError, TimeoutError) as e:
             log.debug(f"node list exchange failed: {e!r}")
-            return [record]  # the other side is gone; report what this node knows
+            return [self._record]  # the other side is gone; report what this node knows
         return sorted(found, key=lambda r: r.get("group_rank", 0))
 
-    def _collect(self, nodes: int) -> List[Dict[str, Any]]:
+    def placements_so_far(self, nodes: int) -> List[Dict[str, Any]]:
+        """After a failed or stopped job: what the nodes published when their workers started. A node
+        whose workers never started is missing, and nobody waits for it."""
+        try:
+            placed = min(nodes, self.store.add("placed", 0))
+            found = self._collect(placed, FAILED_PLACEMENT_WAIT_S) if placed else []
+        except (RuntimeError, TimeoutError, AttributeError) as e:
+            log.debug(f"reading the nodes' placements failed: {e!r}")
+            found = [self._record] if self._record else []
+        return sorted(found, key=lambda r: r.get("group_rank", 0))
+
+    def _collect(self, nodes: int, wait_s: float) -> List[Dict[str, Any]]:
         keys = [f"placement/{i}" for i in range(1, nodes + 1)]
-        deadline = time.monotonic() + PLACEMENT_WAIT_S
+        deadline = time.monotonic() + wait_s
         # a node takes its index, then writes its record: wait for the records, not the count
         while not self.store.check(keys) and time.monotonic() < deadline:
             time.sleep(POLL_S)

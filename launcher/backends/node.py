@@ -37,7 +37,7 @@ class NodeSession:
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
         self.handshake = NodeHandshake(plan, plan.node_rank)
-        self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs")
+        self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs", on_placement=self.handshake.publish_placement)
         self.node_list: List[Dict[str, Any]] = []
 
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
@@ -47,7 +47,7 @@ class NodeSession:
         self._choose_interface()
         results, restarts = run_node(plan, config, self.logs)
         holds_rank0 = first_result(results) is not None
-        self.node_list = self.handshake.exchange_placement(plan.nodes, self.logs.placement, holds_rank0)
+        self.node_list = self.handshake.exchange_placement(plan.nodes, holds_rank0)
         return results, restarts
 
     def _choose_interface(self) -> None:
@@ -81,6 +81,8 @@ class NodeSession:
             "ranks": placement.get("ranks", []), "restarts": restarts,
         })
         extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend, "rdzv_endpoint": self.plan.rdzv_endpoint}
+        if status != "completed" and self.is_head and not self.node_list and self.handshake.store is not None:
+            self.node_list = self.handshake.placements_so_far(self.plan.nodes)
         if self.node_list:
             world, nodes = describe_nodes(self.node_list)
             counts = sorted({len(n["ranks"]) for n in nodes})

@@ -141,16 +141,27 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
     if code == 0 and summary_path.exists():
         log.info(one_line_summary(read_json(summary_path), run_dir))
         return 0
-    base: Dict[str, Any] = {**summary_base(cfg, plan), "rendezvous": "simulated"}
+    base = {**summary_base(cfg, plan), **_what_the_nodes_knew(summary_path),
+            "launch_mode": plan.mode, "rendezvous": plan.rdzv_backend, "rdzv_endpoint": plan.rdzv_endpoint}
+    restarts = base.pop("restarts", 0)
     if code >= 128:
-        finish(run_dir, base, None, "interrupted", started)
+        finish(run_dir, base, None, "interrupted", started, restarts=restarts)
         log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
         return code
     error = _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
-    finish(run_dir, base, None, "failed", started, error=error)
+    finish(run_dir, base, None, "failed", started, error=error, restarts=restarts)
     if code == 2:
         return 2  # the node printed its one-line usage error already
     raise WorkerFailedError(error)
+
+
+def _what_the_nodes_knew(summary_path: Path) -> Dict[str, Any]:
+    """From the summary the head node wrote as it stopped (if it could): who ran which ranks, restarts."""
+    try:
+        written = read_json(summary_path)
+    except (OSError, ValueError):
+        return {}
+    return {k: written[k] for k in ("node_list", "world_size", "gpus_per_node", "restarts") if k in written}
 
 
 def _how_it_ended(code: int) -> str:

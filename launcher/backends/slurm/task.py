@@ -44,11 +44,14 @@ class SlurmNodeAgent:
             log.info(f"SLURM job {env.job_id} requeued {env.restart_count} time(s): resuming from the latest checkpoint")
             if env.node_rank == 0:
                 archive_rank_logs(run_dir, env.restart_count - 1)
-        code = launch(cfg, dry_run=False, started=process_start_time())
+        started = process_start_time()
+        try:
+            code = launch(cfg, dry_run=False, started=started)
+        finally:  # a failed or stopped job's summary names its SLURM job too
+            if env.node_rank == 0:
+                record_requeues(run_dir, env, started)
         if code != 0:
             raise LaunchError(f"node {env.node_rank} ended with exit code {code}; see {run_dir}/logs")
-        if env.node_rank == 0:
-            record_requeues(run_dir, env)
         return code
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -93,10 +96,13 @@ def archive_rank_logs(run_dir: Path, attempt: int) -> None:
         path.replace(keep / path.name)
 
 
-def record_requeues(run_dir: Path, env: SlurmEnvironment) -> None:
-    """summary.json counts SLURM requeues among the restarts, and names the job."""
+def record_requeues(run_dir: Path, env: SlurmEnvironment, started: float) -> None:
+    """summary.json counts SLURM requeues among the restarts, and names the job.
+
+    Only a summary this attempt wrote (since `started`): an earlier attempt's has its count already.
+    """
     path = run_dir / "summary.json"
-    if not path.is_file():
+    if not path.is_file() or path.stat().st_mtime < started:
         return
     summary = read_json(path)
     summary["slurm_job_id"] = env.job_id
