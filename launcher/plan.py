@@ -18,12 +18,16 @@ from launcher.config.schema import Config
 from launcher.errors import ConfigError
 from launcher.config.features import check_device_features
 from launcher.runtime import env as names
-from launcher.config.rendezvous import rendezvous_fields
+from launcher.config.rendezvous import launch_mode, rendezvous_fields
 
 # The torch 2.13 elastic agent shares its rendezvous TCPStore with the workers; restarted
 # workers then read the dead attempt's gloo addresses and hang (FACTS.md, pytorch#135712).
 # A store per attempt avoids it.
 AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# CPU workers one machine may run: several per core is a fair test of a multi-GPU job's logic;
+# thousands are a typo (--gpus 4000 for 4) that would fork until memory runs out.
+CPU_WORKERS_PER_CORE = 8
+MIN_CPU_WORKER_LIMIT = 16
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,16 @@ def choose_start_method(cfg: Config) -> Tuple[str, str]:
     return "fork", "workers forked from a warm zygote (a fresh interpreter that imported torch)"
 
 
+def check_cpu_workers(cfg: Config, hw: Hardware, workers: int) -> None:
+    """CPU workers share this machine's cores: past a few per core a job only thrashes (or exhausts memory)."""
+    here = workers * (cfg.nodes if launch_mode(cfg) == "simulated" else 1)  # simulated nodes all run here
+    limit = max(MIN_CPU_WORKER_LIMIT, CPU_WORKERS_PER_CORE * hw.cpu_cores)
+    if here > limit:
+        raise ConfigError(
+            f"{here} CPU workers on this machine (no CUDA device, {hw.cpu_cores} cores) is more than "
+            f"{limit} ({CPU_WORKERS_PER_CORE} per core): use --gpus {min(workers, hw.cpu_cores)}, or run where the GPUs are")
+
+
 def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional[str]]:
     """Threads per worker and, when the launcher chose them, a notice saying so."""
     if cfg.launcher.omp_threads:
@@ -120,6 +134,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         device_type, backend = "cuda", "nccl"
     else:
         device_type, backend = "cpu", "gloo"
+        check_cpu_workers(cfg, hw, workers)
         noun = "worker" if workers == 1 else "workers"
         notices.append(f"no CUDA device: running {workers} CPU {noun} with gloo")
     notices.extend(check_device_features(cfg, device_type))

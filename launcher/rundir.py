@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher.config.schema import Config, to_yaml
+from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan
@@ -51,12 +52,27 @@ def write_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it 0600; a plain open() would follow the umask
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (os.umask can only be read by setting it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    # No /proc (or a kernel before 4.7): set and restore, a window in which another thread creating a file gets 022.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -83,7 +99,7 @@ def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Lo
     run_dir = Path(plan.run_dir)
     log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
-    write_json(run_dir / "plan.json", plan.to_dict())
+    write_json(run_dir / "plan.json", redact(plan.to_dict()))  # the workers get the real command
     for notice in plan.notices:
         log.info(notice)
     if plan.start_method == "spawn":

@@ -1,13 +1,33 @@
-"""Bad input: one line naming the problem and the fix, exit code 2, no traceback, nothing started."""
+"""Bad input: one line naming the problem and the fix, exit code 2, no traceback, nothing started,
+nothing created or changed (no run directory, no `./~`, a resumed run's files untouched).
+
+README's "Bad input" paragraph states how many classes this table runs; test_readme_count holds it to that.
+"""
+
+import hashlib
+import json
+import re
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_launcher
+from tests.helpers import REPO, run_launcher
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(480)
+
+
+def fake_run(tmp_path: Path, name: str, config_text: str) -> Path:
+    """A run directory as a finished run leaves it, with the given recorded config.yaml."""
+    run = tmp_path / "old" / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(config_text)
+    (run / "plan.json").write_text("{}\n")
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}) + "\n")
+    return run
 
 
 def cases(tmp_path):
+    """(argv, words the one line must contain, extra environment or None)."""
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("trainer: [unclosed\n")
     unreadable = tmp_path / "binary.yaml"
@@ -15,36 +35,99 @@ def cases(tmp_path):
     (tmp_path / "adir").mkdir()
     a_file = tmp_path / "afile"
     a_file.write_text("x")
+    script = tmp_path / "script.py"
+    script.write_text("print('never run')\n")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- trainer.steps=5\n")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    no_slurm = tmp_path / "bin-without-slurm"  # the launcher runs as sys.executable: it needs nothing on PATH
+    no_slurm.mkdir()
     return [
-        (["--nodes", "0"], "--nodes=0 must be at least 1"),
-        (["--gpus", "0"], "--gpus=0 must be at least 1"),
-        (["--gpus", "two"], "--gpus expects a whole number, got 'two'"),
-        (["--nodes", "1.5"], "--nodes expects a whole number"),
-        (["gpus=-1"], "--gpus=-1 must be at least 1"),
-        (["trainer.nosuch=1"], "unknown config key 'trainer.nosuch'"),
-        (["trainer.steps=many"], "wrong type for 'trainer.steps'"),
-        (["--config", str(tmp_path / "missing.yaml")], "no such file"),
-        (["--config", str(bad_yaml)], "not valid YAML"),
-        (["--config", str(unreadable)], str(unreadable)),
-        (["--config", str(tmp_path / "adir")], "is a directory"),
-        (["missing_script.py"], "script missing_script.py does not exist"),
-        (["adir"], "script adir is a directory"),
-        ([f"output_dir={a_file}/sub"], "cannot be written"),
-        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["checkpoint.keep=0"], "checkpoint.keep=0 must be at least 1"),
-        (["checkpoint.every_steps=-5"], "checkpoint.every_steps=-5 must be at least 0"),
-        (["checkpoint.grace_s=60"], "checkpoint.grace_s=60.0 must be in (0, 12]"),
+        (["--nodes", "0"], "--nodes=0 must be at least 1", None),
+        (["--gpus", "0"], "--gpus=0 must be at least 1", None),
+        (["--gpus", "two"], "--gpus expects a whole number, got 'two'", None),
+        (["--nodes", "1.5"], "--nodes expects a whole number", None),
+        (["gpus=-1"], "--gpus=-1 must be at least 1", None),
+        (["trainer.nosuch=1"], "unknown config key 'trainer.nosuch'", None),
+        (["trainer.steps=many"], "wrong type for 'trainer.steps'", None),
+        (["--config", str(tmp_path / "missing.yaml")], "no such file", None),
+        (["--config", str(bad_yaml)], "not valid YAML", None),
+        (["--config", str(unreadable)], str(unreadable), None),
+        (["--config", str(tmp_path / "adir")], "is a directory", None),
+        (["missing_script.py"], "script missing_script.py does not exist", None),
+        (["adir"], "script adir is a directory", None),
+        ([f"output_dir={a_file}/sub"], "cannot be written", None),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag", None),
+        (["checkpoint.keep=0"], "checkpoint.keep=0 must be at least 1", None),
+        (["checkpoint.every_steps=-5"], "checkpoint.every_steps=-5 must be at least 0", None),
+        (["checkpoint.grace_s=60"], "checkpoint.grace_s=60.0 must be in (0, 12]", None),
+        # malformed key=value values
+        (["wandb.tags=[a,b"], "brackets or braces do not balance", None),
+        (["slurm.extra={exclusive: true"], "brackets or braces do not balance", None),
+        (["wandb.project=]"], "brackets or braces do not balance", None),
+        # a YAML file that is not a mapping, or empty
+        (["--config", str(listed)], "holds a list at the top level, not a mapping", None),
+        (["--config", str(scalar)], "holds a single value (int) at the top level", None),
+        (["--config", str(empty)], "is empty", None),
+        # the same as a run's recorded config.yaml on resume
+        (["resume", str(fake_run(tmp_path, "listed", "- a\n"))], "holds a list at the top level", None),
+        (["resume", str(fake_run(tmp_path, "emptied", ""))], "is empty", None),
+        # SLURM asked for where its commands are not (also a dry run)
+        (["--cluster", "slurm"], "sbatch is not on PATH", {"PATH": str(no_slurm)}),
+        (["--cluster", "slurm", "--dry-run"], "sbatch is not on PATH", {"PATH": str(no_slurm)}),
+        # non-finite numbers
+        (["trainer.lr=nan"], "trainer.lr=nan is not a finite number", None),
+        (["trainer.lr=inf"], "trainer.lr=inf is not a finite number", None),
+        (["trainer.max_grad_norm=-inf"], "trainer.max_grad_norm=-inf is not a finite number", None),
+        # ~ is not expanded inside key=value
+        (["output_dir=~/runs"], "'~' is not expanded", None),
+        (["checkpoint.dir=~/ckpt"], "'~' is not expanded", None),
+        # a master port that nothing would use
+        (["--master-port", "29600"], "--master-port is not used by a single-node run", None),
+        (["--nodes", "2", "--master-port", "29600"], "--master-port is not used by --nodes 2", None),
+        # absurd CPU worker counts
+        (["--gpus", "200", str(script)], "200 CPU workers on this machine", None),
+        # run_id is a name, not a path
+        (["run_id=a/b"], "run_id='a/b' is not a name", None),
+        (["run_id=.."], "run_id='..' is not a name", None),
+        (["run_id=."], "run_id='.' is not a name", None),
+        (["run_id=a\tb"], "holds control characters", None),
+        (["run_id=" + "r" * 300], "run_id is 300 bytes long", None),
     ]
+
+
+def snapshot(root: Path) -> dict:
+    """Every path under root, with a file's content hash and mtime: what a bad input must leave alone."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            if p.is_file() else "dir" for p in sorted(root.rglob("*"))}
 
 
 def test_each_bad_input_gives_one_line_and_exit_2(tmp_path):
     out = tmp_path / "runs"
-    for argv, words in cases(tmp_path):
-        base = [] if any(a.startswith("output_dir=") for a in argv) else [f"output_dir={out}"]
-        result = run_launcher([*base, *argv], cwd=tmp_path, timeout=30)
+    for argv, words, env in cases(tmp_path):
+        before = snapshot(tmp_path)
+        own_dir = argv[0] == "resume" or any(a.startswith("output_dir=") for a in argv)
+        result = run_launcher([*argv] if own_dir else [f"output_dir={out}", *argv], cwd=tmp_path, timeout=60, env=env)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (argv, result.stderr)
         assert len(lines) == 1 and lines[0].startswith("error: "), (argv, result.stderr)
         assert words in lines[0], (argv, lines[0])
         assert "Traceback" not in result.stderr + result.stdout
-        assert not out.exists(), f"{argv} created a run directory"
+        assert snapshot(tmp_path) == before, f"{argv} changed files under {tmp_path}"
+
+
+def test_an_unknown_keys_value_is_not_echoed(tmp_path):
+    result = run_launcher(["trainer.api_key=sk-live-123456", f"output_dir={tmp_path}"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "trainer.api_key" in result.stderr
+    assert "sk-live-123456" not in result.stderr + result.stdout
+
+
+def test_readme_count(tmp_path):
+    """The README's count of bad-input classes is what this table runs."""
+    text = (REPO / "README.md").read_text()
+    stated = re.search(r"`tests/test_bad_input.py` runs (\d+) of them", text)
+    assert stated, "README's bad-input paragraph lost its count"
+    assert int(stated.group(1)) == len(cases(tmp_path))

@@ -2,7 +2,8 @@
 
 import pytest
 
-from launcher.config.schema import Config, load_config, redact, to_yaml
+from launcher.config.schema import Config, load_config, to_yaml
+from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 
 
@@ -56,6 +57,35 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(str(bad))
     with pytest.raises(ConfigError, match="no such file"):
         load_config(str(tmp_path / "missing.yaml"))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "is empty"), ("# only a comment\n", "is empty"), ("- a\n- b\n", "holds a list at the top level"),
+    ("3.5\n", "holds a single value (float)"), ("just words\n", "holds a single value (str)"),
+])
+def test_a_config_file_must_be_a_mapping(tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(str(path))
+    assert words in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("override, words", [
+    (["wandb.tags=[a,b"], "do not balance"), (["slurm.extra={a: [1, 2}"], "do not balance"),
+    (["trainer.lr=nan"], "not a finite number"), (["trainer.lr=-inf"], "not a finite number"),
+    (["checkpoint.every_seconds=inf"], "not a finite number"), (["output_dir=~/x"], "'~' is not expanded"),
+    (["run_id=../x"], "is not a name"), (["run_id=a\tb"], "control characters"),
+])
+def test_malformed_values_name_the_problem(override, words):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, override)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_balanced_lists_and_maps_still_load():
+    cfg = load_config(None, ["wandb.tags=[a,b]", "slurm.extra={reservation: r1, nodes: [1, 2]}", "run_id=my.run-1_x"])
+    assert cfg.wandb.tags == ["a", "b"] and cfg.slurm.extra == {"reservation": "r1", "nodes": [1, 2]}
 
 
 def test_secrets_are_redacted():

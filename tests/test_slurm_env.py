@@ -7,6 +7,8 @@ against the real dev cluster in test_slurm.py.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -15,7 +17,7 @@ import pytest
 
 from launcher.backends.slurm.environment import SlurmEnvironment, parse_nodelist, port_for_job
 from launcher.config.schema import load_config
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LaunchError
 from launcher.backends.slurm.environment import adopt_allocation, should_submit
 from launcher.backends.slurm.submit import executor_parameters
 from tests.helpers import REPO, run_launcher
@@ -29,9 +31,38 @@ GOLDEN = Path(__file__).parent / "golden" / "slurm_dry_run.txt"
     ("node[1-3]", ["node1", "node2", "node3"]),
     ("gpu[01-03,7],cpu5", ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]),
     ("a[8-10]-ib", ["a8-ib", "a9-ib", "a10-ib"]),
+    ("tux[1-3,5]", ["tux1", "tux2", "tux3", "tux5"]),
+    ("x[09-11]", ["x09", "x10", "x11"]),
+    ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
+    ("n[1-2]c[3,5],login", ["n1c3", "n1c5", "n2c3", "n2c5", "login"]),
+    ("rack1-node[1-2],rack2-node[5]", ["rack1-node1", "rack1-node2", "rack2-node5"]),
 ])
 def test_nodelist_forms(text, hosts):
     assert parse_nodelist(text) == hosts
+
+
+def test_a_malformed_nodelist_is_named():
+    with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST='node\\[1-2'"):
+        parse_nodelist("node[1-2")
+
+
+# SLURM's documented hostlist forms, held against SLURM's own expansion. scontrol needs only a
+# config file to expand a host list (no controller), so a throwaway one serves.
+SCONTROL_FORMS = ("node[1-2]", "node1,node2", "gpu[01-03,7],cpu5", "tux[1-3,5]", "x[09-11]",
+                  "rack[1-2]-node[01-02]", "node[1-2]-ib[1-2]", "n[1-2]c[3,5],login", "a[1-2],b[3-4]")
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="SLURM's scontrol is not installed")
+@pytest.mark.timeout(60)
+def test_nodelist_agrees_with_scontrol(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=parse\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1 State=UNKNOWN\n"
+                    "PartitionName=p Nodes=n1 Default=YES\n")
+    for text in SCONTROL_FORMS:
+        done = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=20,
+                              env={**os.environ, "SLURM_CONF": str(conf)})
+        assert done.returncode == 0, (text, done.stderr)
+        assert parse_nodelist(text) == done.stdout.split(), text
 
 
 def test_port_is_the_same_for_a_job_and_differs_between_jobs():

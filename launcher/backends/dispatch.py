@@ -20,6 +20,7 @@ from types import ModuleType
 from launcher.agent.zygote import Zygote
 from launcher.config.rendezvous import launch_mode, shared_run_id
 from launcher.config.schema import Config, to_yaml
+from launcher.config.secrets import redact
 from launcher.plan import build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir
 from launcher.warmstart import collector_paused
@@ -37,7 +38,7 @@ def launch(cfg: Config, dry_run: bool, started: float) -> int:
         port = backend.pick_port() if mode == "simulated" else 0
         plan = build_plan(cfg, detect_hardware(), run_id, run_dir, port)
     if dry_run:
-        print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(plan.to_dict(), indent=2))
+        print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(redact(plan.to_dict()), indent=2))
         return 0
     check = getattr(backend, "check_before_start", None)
     if check is not None:

@@ -94,7 +94,8 @@ def check_overrides(overrides: List[str]) -> None:
 def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Path, int]:
     """The recorded config with the overrides, the checkpoint to start from, and its step."""
 
-    cfg = load_config(str(run_dir / "config.yaml"), overrides + [f"output_dir={run_dir.parent}", f"run_id={run_dir.name}"])
+    cfg = load_config(str(run_dir / "config.yaml"), overrides + [f"output_dir={run_dir.parent}", f"run_id={run_dir.name}"],
+                      label="the run's recorded config")
     if cfg.script.path is not None:
         raise ConfigError(f"run {run_dir.name} ran your script {cfg.script.path}: resume continues the built-in "
                           "trainer; start your script again with its own resume logic")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from launcher.config.schema import Config, load_config, redact, to_dict
+from launcher.config.schema import Config, load_config, to_dict
+from launcher.config.secrets import redact
 from launcher.errors import ConfigError, WorkerFailedError
 from launcher.rundir import read_json, write_atomic, write_json
 from launcher.commands.scale_report import COLUMNS, render_markdown, render_plot, print_table, scaling_rows

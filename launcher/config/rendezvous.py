@@ -11,7 +11,7 @@ Pure functions over the config: no sockets (launcher.backends.handshake) and no 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.errors import ConfigError
 
@@ -107,3 +107,14 @@ def rdzv_configs(plan: Any) -> Dict[str, Any]:
     if plan.rdzv_backend == "static":
         configs.update(rank=plan.node_rank or 0, timeout=plan.rdzv_timeout_s)
     return configs
+
+
+def check_port_is_used(cfg: Any, overrides: List[str]) -> None:
+    """A master port given on the command line must matter: one machine's runs pick a free port themselves."""
+    if not any(item.split("=", 1)[0] == "rdzv.master_port" for item in overrides):
+        return
+    mode = launch_mode(cfg)
+    if mode in ("single", "simulated"):
+        where = "a single-node run" if mode == "single" else f"--nodes {cfg.nodes} on this one machine"
+        raise ConfigError(f"--master-port is not used by {where} (it picks a free port): drop it, or for a "
+                          "job across machines add --node-rank K --master-addr HOST on every node")

@@ -7,13 +7,16 @@ flags and ``key=value`` overrides. Everything past ``load_config`` sees plain da
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
+import yaml
+
 from launcher.errors import ConfigError
+from launcher.config.inputs import check_finite, check_no_tilde, check_override_value, check_run_id, parse_yaml_mapping
 from launcher.config.rendezvous import validate_rendezvous
+from launcher.config.secrets import redact
 from launcher.config.compat import check_strategy
 from launcher.config.features import check_feature_config
 
@@ -25,7 +28,6 @@ START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_STYLES = ("auto", "bar", "lines")
 CLUSTERS = ("local", "slurm")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-_SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
 
 
 @dataclass
@@ -187,8 +189,12 @@ def resolve_config_path(name: str) -> Path:
     raise ConfigError(f"--config {name}: no such file (shipped configs: {choices})")
 
 
-def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]] = None) -> Config:
-    """Merge defaults < YAML file < overrides into a validated Config."""
+def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]] = None,
+                label: str = "--config") -> Config:
+    """Merge defaults < YAML file < overrides into a validated Config.
+
+    label: how messages name the file (`--config`, or a resumed run's recorded config).
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -196,17 +202,19 @@ def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]
     layers: list[tuple[str, Any]] = []
     if config_file:
         path = resolve_config_path(config_file)
-        try:
-            layers.append((f"--config {path}", OmegaConf.load(path)))
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--config {path}: cannot read it ({e.__class__.__name__}): check the path and permissions") from e
-        except Exception as e:  # yaml.YAMLError and friends: the message names the line
-            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise ConfigError(f"--config {path} is not valid YAML ({first}): fix the file") from e
+        layers.append((f"{label} {path}", _read_yaml(path, f"{label} {path}")))
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not key=value: write it like trainer.steps=50")
-        layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+        key, value = item.split("=", 1)
+        check_override_value(key, value)
+        try:
+            layer = OmegaConf.from_dotlist([item])
+        except yaml.YAMLError as e:  # what the bracket check lets through, e.g. `key=]`
+            raise ConfigError(f"override {key}=...: the value is not valid YAML: quote it for the shell, "
+                              f"e.g. {key}='[a, b]'") from e
+        # the key alone names an override: an unknown key's value may be a secret typed in the wrong place
+        layers.append((f"override {key}=...", layer))
     for where, layer in layers:
         try:
             merged = OmegaConf.merge(merged, layer)
@@ -216,6 +224,17 @@ def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]
     assert isinstance(cfg, Config)
     validate(cfg)
     return cfg
+
+
+def _read_yaml(path: Path, where: str) -> Any:
+    from omegaconf import OmegaConf
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot read it ({e.__class__.__name__}): check the path and permissions") from e
+    parse_yaml_mapping(text, where)  # its shape; OmegaConf's own loader reads the values (1e-3 is a float there)
+    return OmegaConf.create(text)
 
 
 def _explain(where: str, e: Exception) -> str:
@@ -233,6 +252,11 @@ def _explain(where: str, e: Exception) -> str:
 
 def validate(cfg: Config) -> None:
     """Check values the type system cannot; every message names the fix."""
+    check_finite(cfg)
+    check_no_tilde(cfg.output_dir, "output_dir")
+    check_no_tilde(cfg.checkpoint.dir, "checkpoint.dir")
+    if cfg.run_id is not None:
+        check_run_id(cfg.run_id)
     _at_least(cfg.nodes, 1, "--nodes")
     _at_least(cfg.gpus, 1, "--gpus")
     _at_least(cfg.trainer.steps, 1, "trainer.steps")
@@ -345,10 +369,3 @@ def from_dict(data: dict[str, Any]) -> Config:
     assert isinstance(cfg, Config)
     return cfg
 
-
-def redact(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v else redact(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from launcher.config.schema import Config, load_config, redact, to_dict
+from launcher.config.schema import Config, load_config, to_dict
+from launcher.config.secrets import redact
 
 
 def read_config(overrides: List[str]) -> Config:

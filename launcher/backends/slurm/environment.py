@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
 from launcher.config.schema import Config
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LaunchError
 
 # Our name -> SLURM's variable (a data table, like submitit's SlurmJobEnvironment._env).
 ENV: Dict[str, str] = {
@@ -33,42 +32,23 @@ ENV: Dict[str, str] = {
     "cpus_per_task": "SLURM_CPUS_PER_TASK",
 }
 PORT_RANGE = (20000, 60000)  # above the well-known ports, below Linux's default ephemeral range
-_BRACKET = re.compile(r"^(?P<prefix>[^\[]*)\[(?P<ranges>[^\]]+)\](?P<suffix>.*)$")
 
 
 def parse_nodelist(text: str) -> List[str]:
-    """'node[1-3,7],gpu01' -> ['node1', 'node2', 'node3', 'node7', 'gpu01'] (zero padding kept).
+    """'rack[1-2]-node[01-02],gpu7' -> rack1-node01, rack1-node02, rack2-node01, rack2-node02, gpu7.
 
-    The forms `scontrol show hostnames` expands; one bracket group per host name, which is what
-    SLURM writes for a job's node list.
+    SLURM's hostlist forms (what `scontrol show hostnames` expands, zero padding kept, any number of
+    bracket groups per name), through submitit's own expansion: the parser its SLURM tasks use for
+    the same variable, so one well-kept implementation serves both.
     """
-    hosts: List[str] = []
-    for item in _split_top_level(text.strip()):
-        match = _BRACKET.match(item)
-        if not match:
-            hosts.append(item)
-            continue
-        for part in match["ranges"].split(","):
-            first, _, last = part.partition("-")
-            width = len(first)
-            for number in range(int(first), int(last or first) + 1):
-                hosts.append(f"{match['prefix']}{number:0{width}d}{match['suffix']}")
-    return hosts
+    # Imported here: submitit costs 0.4 s of start-up, and only a task inside a SLURM job parses a node list.
+    from submitit.slurm.slurm import SlurmParseException, _parse_node_list
 
-
-def _split_top_level(text: str) -> List[str]:
-    """Split on commas outside brackets."""
-    items, depth, current = [], 0, ""
-    for char in text:
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-            continue
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        current += char
-    if current:
-        items.append(current)
-    return [i for i in items if i]
+    try:
+        return [host for host in _parse_node_list(text.strip()) if host]
+    except SlurmParseException as e:
+        raise LaunchError(f"SLURM_JOB_NODELIST={text!r} is not a node list SLURM writes: "
+                          "check the job's environment (`scontrol show hostnames $SLURM_JOB_NODELIST`)") from e
 
 
 def port_for_job(job_id: str) -> int:

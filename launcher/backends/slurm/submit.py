@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher.config.schema import Config, to_dict, to_yaml
-from launcher.errors import LaunchError
+from launcher.errors import ConfigError, LaunchError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, write_atomic, write_json
 from launcher.backends.slurm.records import JOB_FILE, wait_for_job
@@ -80,6 +80,9 @@ def srun_line(text: str) -> str:
 
 def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
     """Submit cfg as a SLURM job; print how to follow it; with wait, follow it to the end."""
+    if shutil.which("sbatch") is None:  # also for --dry-run: its script could never be submitted from here
+        raise ConfigError("--cluster slurm needs SLURM's commands, and sbatch is not on PATH: run it on a SLURM "
+                          "login node (or add SLURM's bin directory to PATH), or run here with --cluster local")
     cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the job may start in another directory
     cfg.run_id = cfg.run_id or new_run_id()
     run_dir = Path(cfg.output_dir) / cfg.run_id
@@ -92,9 +95,6 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         print(f"# each task calls launcher.backends.slurm.task.SlurmNodeAgent, pickled in {run_dir / 'slurm'}\n"
               f"# resolved config\n{to_yaml(cfg)}", end="")
         return 0
-    if shutil.which("sbatch") is None:
-        raise LaunchError("sbatch not found: --cluster slurm needs SLURM's client commands on this machine "
-                          "(or run here with --cluster local)")
     create_run_dir(cfg.output_dir, cfg.run_id)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     job = _submit(executor, cfg)
