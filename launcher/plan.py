@@ -20,10 +20,6 @@ from launcher.config.features import check_device_features
 from launcher.runtime import env as names
 from launcher.config.rendezvous import launch_mode, rendezvous_fields
 
-# The torch 2.13 elastic agent shares its rendezvous TCPStore with the workers; restarted
-# workers then read the dead attempt's gloo addresses and hang (FACTS.md, pytorch#135712).
-# A store per attempt avoids it.
-AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 # CPU workers one machine may run: several per core is a fair test of a multi-GPU job's logic;
 # thousands are a typo (--gpus 4000 for 4) that would fork until memory runs out.
 CPU_WORKERS_PER_CORE = 8
@@ -58,7 +54,7 @@ class LaunchPlan:
     omp_threads: int
     command: Tuple[str, ...]  # what each worker runs, as a user would type it
     worker_env: Dict[str, str] = field(default_factory=dict)
-    agent_env: Dict[str, str] = field(default_factory=dict)
+    agent_env: Dict[str, str] = field(default_factory=dict)  # the agent's alone; its workers never see them
     notices: Tuple[str, ...] = ()
     mode: str = "single"  # single | simulated | static | c10d (launcher.config.rendezvous)
     node_rank: Optional[int] = None  # this node's rank where known before the rendezvous (static)
@@ -161,7 +157,6 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         omp_threads=omp,
         command=worker_command(cfg),
         worker_env=worker_env(cfg, run_dir, omp, hw),
-        agent_env=dict(AGENT_ENV),
         notices=tuple(notices),
         # workers stop themselves checkpoint.grace_s after the signal; the agent's SIGKILL is the backstop
         shutdown_timeout_s=int(cfg.checkpoint.grace_s) + 2,

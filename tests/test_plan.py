@@ -52,10 +52,6 @@ def test_a_script_sees_launcher_variables_only_while_the_watchdog_is_on(tmp_path
     assert set(plan_for([*script, "watchdog.timeout_s=0"], Hardware(0, 2, omp_threads_env=2)).worker_env) == set()
 
 
-def test_plan_works_around_the_shared_store_restart_bug():
-    assert plan_for([]).agent_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-
-
 @pytest.mark.parametrize("argv, ours, script", [
     (["--gpus", "2"], ["--gpus", "2"], []),
     (["--gpus", "2", "train.py", "--lr", "0.1"], ["--gpus", "2"], ["train.py", "--lr", "0.1"]),

@@ -29,8 +29,9 @@ RUN_TIMEOUT_S = 150
 COMMON_ENV = {"OMP_NUM_THREADS": "1"}
 # Values that differ per run: compared by presence only.
 PER_RUN = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
-# README, Differences from torchrun: the launcher's agent serves no store to its workers.
-AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+# README, Differences from torchrun: on one machine the workers' store is at a loopback address and
+# gloo/NCCL are told the loopback interface (torchrun: the host's name, and whatever it resolves to).
+LOOPBACK = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 # Set for a script only while the watchdog is on (watchdog.timeout_s > 0).
 WATCHDOG_ENV = ("LAUNCHER_RUN_DIR", "LAUNCHER_WATCHDOG_TIMEOUT_S")
 PROJECT = ("launcher", "trainers", "cluster", "omegaconf", "psutil", "wandb", "submitit")
@@ -132,11 +133,11 @@ def env_differences(ours: Dict[str, str], theirs: Dict[str, str], watchdog: bool
     """Check the named differences; return every other variable whose value differs, as (ours, torchrun's)."""
     for key in PER_RUN:
         assert (key in ours) == (key in theirs), f"{key}: ours {ours.get(key)!r}, torchrun's {theirs.get(key)!r}"
-    assert ours.get(AGENT_STORE) == "False" and AGENT_STORE in theirs
+    assert {k: ours.get(k) for k in LOOPBACK} == LOOPBACK and "MASTER_ADDR" in theirs
     assert ours.get("ROLE_NAME") == theirs.get("ROLE_NAME") == "default"
     if not watchdog:
         assert not [k for k in WATCHDOG_ENV if k in ours]
-    named = set(PER_RUN) | {AGENT_STORE} | set(WATCHDOG_ENV)
+    named = set(PER_RUN) | set(LOOPBACK) | set(WATCHDOG_ENV)
     keys = (set(ours) | set(theirs)) - named
     return {k: (ours.get(k), theirs.get(k)) for k in sorted(keys) if ours.get(k) != theirs.get(k)}
 

@@ -5,8 +5,12 @@
   about 0.3 s of CPU per rendezvous here, all of it holding the GIL while the agent preloads
   the workers' imports (launcher.agent.launch.Preload). ``sys._getframe`` gives the same name without
   reading any source.
-- Restarted workers reusing the agent's TCPStore read the dead attempt's gloo addresses: see
-  ``AGENT_ENV`` in launcher.plan (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
+- The c10d rendezvous shares one TCPStore server with the workers (torchrun's
+  TORCHELASTIC_USE_AGENT_STORE=True) and starts it on every interface, once per agent: restarted
+  workers then read the dead attempt's gloo addresses and hang (FACTS.md, pytorch#135712). Here
+  each rendezvous round starts its own server, on this node's address only (launcher.agent.stores).
+  A torch without these hooks gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 instead: rank 0 of the
+  workers then hosts their store (on every interface, which torch decides there).
 - ``LaunchConfig(shutdown_timeout=...)`` is new in torch 2.13; the CUDA builds users install
   (2.11 on the H100 this was run on) reject it, so fields the installed torch lacks are dropped
   (the agent then waits its own default before SIGKILL).
@@ -16,7 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, Dict
+
+from launcher.agent.stores import listening_store
+
+# The fallback where torch lacks the hooks patched below: a store per attempt, hosted by rank 0.
+NO_SHARED_STORE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def method_name(depth: int = 2) -> str:
@@ -27,12 +36,38 @@ def method_name(depth: int = 2) -> str:
         return "no_method_name"
 
 
-def apply() -> None:
-    """Patch the rendezvous module's event naming; a torch without it is left alone."""
+def apply() -> Dict[str, str]:
+    """Patch torch's c10d rendezvous; returns what the agent's environment needs besides (see above)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     if callable(getattr(dynamic_rendezvous, "get_method_name", None)):
         dynamic_rendezvous.get_method_name = method_name
+    return {} if _store_per_round(dynamic_rendezvous.DynamicRendezvousHandler) else dict(NO_SHARED_STORE_ENV)
+
+
+def _store_per_round(handler_class: Any) -> bool:
+    """Each round (each attempt) gets a fresh workers' store, listening on this node's address alone."""
+    if getattr(handler_class, "_launcher_store_per_round", False):
+        return True
+    hooks = ("_create_tcp_store_server", "next_rendezvous")
+    if not all(callable(getattr(handler_class, h, None)) for h in hooks):
+        return False
+    torch_next_rendezvous = handler_class.next_rendezvous
+
+    def create_tcp_store_server(self: Any, master_addr: str, master_port: int) -> Any:
+        # master_addr is this node's address (LaunchConfig.local_addr); the workers connect to it
+        return listening_store(master_addr, master_port)
+
+    def next_rendezvous(self: Any) -> Any:
+        # torch keeps the first round's server for good; forgetting it makes rank 0 start a new one
+        self._shared_tcp_store_server = None
+        self._bootstrap_store_info = None
+        return torch_next_rendezvous(self)
+
+    handler_class._create_tcp_store_server = create_tcp_store_server
+    handler_class.next_rendezvous = next_rendezvous
+    handler_class._launcher_store_per_round = True
+    return True
 
 
 def launch_config(config_class: Any, **fields: Any) -> Any:

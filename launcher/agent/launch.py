@@ -18,6 +18,7 @@ from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.config.rendezvous import rdzv_configs
 from launcher.plan import LaunchPlan
 from launcher.agent.processes import WorkerJob
+from launcher.agent.stores import listening_store
 from launcher.agent.watchdog import run_watched
 from launcher.runtime import env
 
@@ -25,19 +26,26 @@ log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
 
 
-def run_node(plan: LaunchPlan, config: Dict[str, Any],
-             logs_specs: Optional[RunDirLogsSpecs] = None) -> Tuple[Dict[int, Any], int]:
+def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunDirLogsSpecs] = None,
+             local_addr: Optional[str] = None) -> Tuple[Dict[int, Any], int]:
     """Run this node's agent to completion; returns ({local_rank: result}, restarts).
 
     logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
+    local_addr: this node's address towards the other nodes: the workers' store listens there.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    elastic_fixes.apply()
-    os.environ.update(plan.agent_env)
-    job = worker_job(plan, config)
+    agent_env = {**plan.agent_env, **elastic_fixes.apply()}
+    os.environ.update(agent_env)
+    job = worker_job(plan, config, tuple(agent_env))
+    rdzv_endpoint, rdzv_store = plan.rdzv_endpoint, None
+    if plan.mode == "single":
+        # torch's c10d rendezvous would start its store on every interface; hosted here first, on
+        # loopback, it finds this one (multi-tenant, same port) and starts none; held until we return
+        rdzv_store = listening_store("127.0.0.1", 0, plan.rdzv_timeout_s)
+        rdzv_endpoint, local_addr = f"127.0.0.1:{rdzv_store.port}", "127.0.0.1"
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
     launch_config = elastic_fixes.launch_config(
         LaunchConfig,
@@ -47,8 +55,9 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any],
         run_id=plan.rdzv_id,
         role="default",  # torchrun's: workers see ROLE_NAME=default
         rdzv_backend=plan.rdzv_backend,
-        rdzv_endpoint=plan.rdzv_endpoint,
+        rdzv_endpoint=rdzv_endpoint,
         rdzv_configs=rdzv_configs(plan),
+        local_addr=local_addr,
         max_restarts=plan.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",  # unused: launcher.agent.processes starts the workers
@@ -69,11 +78,11 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any],
     return results, agent.restarts
 
 
-def worker_job(plan: LaunchPlan, config: Dict[str, Any]) -> WorkerJob:
-    """What this node's workers run, and in what environment (the agent's own variables left out)."""
+def worker_job(plan: LaunchPlan, config: Dict[str, Any], agent_env: Tuple[str, ...] = ()) -> WorkerJob:
+    """What this node's workers run, and in what environment (agent_env: the agent's own variables, left out)."""
     script = config["script"]
     kind = "trainer" if script["path"] is None else ("module" if script["module"] else "script")
-    dropped = tuple(plan.agent_env) + (AGENT_ONLY_ENV if kind != "trainer" else ())  # the trainer times its first step
+    dropped = agent_env + (AGENT_ONLY_ENV if kind != "trainer" else ())  # the trainer times its first step
     watchdog_s = float(config.get("watchdog", {}).get("timeout_s", 0))
     return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir,
                      added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import tempfile
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from launcher.agent.stores import listening_store
 from launcher.errors import ConfigError, RendezvousError
 from launcher.config.rendezvous import split_endpoint
 
@@ -95,6 +97,21 @@ def interface_towards(host: str, port: int) -> Optional[Tuple[str, str]]:
     return None
 
 
+def choose_interface(host: str, port: int) -> Optional[str]:
+    """Workers talk over the interface that reaches host (loopback for a job on this machine alone),
+    unless the user chose one; returns this machine's address on it (None: unknown)."""
+    found = interface_towards(host, port)
+    if found is None:
+        return None
+    name, address = found
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+        say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
+        say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
+    return address
+
+
 def require_free_port(port: int) -> None:
     """Node 0 hosts the rendezvous: a port something else holds is a usage error, named before it starts."""
     if not port_is_free(port):
@@ -145,10 +162,15 @@ class NodeHandshake:
         self.store = PrefixStore(f"launcher/{self.plan.rdzv_id}/", self._raw)
 
     def _host(self) -> Any:
-        from torch.distributed import TCPStore
-
-        return TCPStore(self.host, self.port, is_master=True, multi_tenant=True, wait_for_workers=False,
-                        timeout=datetime.timedelta(seconds=self.timeout_s))
+        """The store on the rendezvous address alone (launcher.agent.stores), not on every interface."""
+        try:
+            return listening_store(self.host, self.port, self.timeout_s)
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL:
+                raise RuntimeError(f"cannot listen on {self.host}:{self.port}: {e}") from e
+            flag = "--master-addr" if self.plan.rdzv_backend == "static" else "--rdzv-endpoint"
+            raise ConfigError(f"{flag} {self.host} is not an address of this machine, which hosts the rendezvous: "
+                              "give the address of one of its interfaces (`ip -br addr`)") from e
 
     def _join(self) -> Any:
         from torch.distributed import TCPStore

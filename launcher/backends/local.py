@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launcher.agent.launch import first_result, run_node
+from launcher.backends.handshake import choose_interface
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, LauncherError, WorkerFailedError
 from launcher.plan import LaunchPlan
@@ -21,12 +22,17 @@ from launcher.runtime import env
 from trainers.checkpoint import checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("launcher")
+LOOPBACK_PROBE_PORT = 9  # any port: finding the interface towards an address sends nothing
 
 
 def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = None) -> int:
     """The backend interface (launcher.backends.dispatch). session: a NodeSession for one node of several."""
     prepare_run_dir(cfg, plan, started)
     os.environ[env.START_TIME] = repr(started)
+    if session is None:
+        # gloo (and NCCL) would listen on the address the host name resolves to, often a LAN address:
+        # this machine's job needs none but loopback (README, Security)
+        choose_interface("127.0.0.1", LOOPBACK_PROBE_PORT)
     return run_and_summarize(cfg, plan, started, session)
 
 

@@ -20,7 +20,8 @@ from launcher.agent.launch import first_result, run_node
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.agent.zygote import Zygote, die_with_parent
 from launcher.backends import local
-from launcher.backends.handshake import NodeHandshake, describe_nodes, interface_towards, require_free_port, resolve_or_fail
+from launcher.backends.handshake import (NodeHandshake, choose_interface, describe_nodes, require_free_port,
+                                        resolve_or_fail)
 from launcher.config.schema import Config, from_dict
 from launcher.errors import LauncherError
 from launcher.logs import setup_launcher_logging
@@ -44,24 +45,11 @@ class NodeSession:
         self.handshake.connect()
         self.handshake.meet(plan.nodes, plan.workers_per_node)
         log.info(f"all {plan.nodes} nodes checked in at {plan.rdzv_endpoint} ({plan.rdzv_backend} rendezvous)")
-        self._choose_interface()
-        results, restarts = run_node(plan, config, self.logs)
+        local_addr = choose_interface(self.handshake.host, self.handshake.port)
+        results, restarts = run_node(plan, config, self.logs, local_addr)
         holds_rank0 = first_result(results) is not None
         self.node_list = self.handshake.exchange_placement(plan.nodes, holds_rank0)
         return results, restarts
-
-    def _choose_interface(self) -> None:
-        """Workers talk over the interface that reaches the rendezvous host, unless the user chose one."""
-        if "GLOO_SOCKET_IFNAME" in os.environ:
-            return
-        found = interface_towards(self.handshake.host, self.handshake.port)
-        if found is None:
-            return
-        name, address = found
-        os.environ["GLOO_SOCKET_IFNAME"] = name
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
-        say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
-        say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
 
     @property
     def is_head(self) -> bool:
