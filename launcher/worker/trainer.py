@@ -25,6 +25,7 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
     tutorial scripts showed), so nothing is left for a normal exit to do but risk that.
     """
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored until here (launcher.worker.bootstrap)
         result = train(from_dict(spec["config"]), spec["run_dir"])
     except SystemExit as e:
         _exit_now(e.code if isinstance(e.code, int) else (0 if e.code is None else 1), status)
