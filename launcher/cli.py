@@ -4,11 +4,10 @@ is launcher.run, the others live in launcher.commands and launcher.backends.slur
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
 from typing import Dict, List, Optional
 
-from launcher.errors import Interrupted
+from launcher import interrupts
 from launcher.run import run
 from launcher.usage import config_overrides, parse_args, script_spec, with_error_contract
 
@@ -27,7 +26,7 @@ COMMANDS: Dict[str, str] = {
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    catch_termination()
+    interrupts.hold()  # (already, under python -m launcher) Ctrl-C, SIGTERM, SIGHUP: launcher.interrupts
     if argv and argv[0] in COMMANDS:
         return run_command(argv[0], argv[1:])
     try:
@@ -43,16 +42,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def run_command(name: str, argv: List[str]) -> int:
     """Dispatch a subcommand with the same error contract as a run: one line, exit code."""
-    return with_error_contract(lambda: importlib.import_module(COMMANDS[name]).main(argv))
+    def call() -> int:
+        command = importlib.import_module(COMMANDS[name])  # its imports still under the hold
+        interrupts.release()  # subcommands wait on runs and on SLURM: Ctrl-C must reach them at once
+        return int(command.main(argv))
 
-
-def catch_termination() -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so a job stopped at any moment cleans up and says so.
-
-    (While workers run, torch's agent installs its own handlers, which stop the workers first.)
-    """
-    def interrupt(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+    return with_error_contract(call)

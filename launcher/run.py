@@ -6,6 +6,7 @@ import argparse
 from typing import List, Optional, Tuple
 
 from launcher.backends.slurm.environment import adopt_allocation, should_submit
+from launcher import interrupts
 from launcher.clock import process_start_time
 from launcher.config.rendezvous import check_port_is_used
 from launcher.config.schema import Config, ScriptConfig, load_config, to_yaml, validate
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     if should_submit(cfg):
         from launcher.backends.slurm.submit import submit
 
+        interrupts.release()  # submitting and --wait talk to SLURM for as long as it takes: Ctrl-C works there
         return submit(cfg, dry_run=args.dry_run, wait=wait)
     from launcher.backends.dispatch import launch
 

@@ -6,6 +6,7 @@ has the same files and each summary the same base fields, wherever the job ran.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -126,7 +127,12 @@ def finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]],
     summary = build_summary({**base, "status": status, "wall_s": time.time() - started, "restarts": restarts}, rank0)
     if error:
         summary["error"] = error
-    write_json(run_dir / "summary.json", summary)
+    try:
+        write_json(run_dir / "summary.json", summary)
+    except OSError as e:  # a full disk: the job's own error says more than a traceback from here would
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        logging.getLogger("launcher").info(f"summary.json not written: {run_dir} is full ({e.strerror})")
     return summary
 
 

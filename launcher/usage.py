@@ -13,6 +13,7 @@ import signal
 import sys
 from typing import Callable, List, NoReturn, Optional, Tuple
 
+from launcher import interrupts
 from launcher.errors import LauncherError
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
@@ -149,7 +150,9 @@ def script_spec(args: argparse.Namespace, script: List[str]) -> Optional[Tuple[s
 def with_error_contract(call: Callable[[], int]) -> int:
     """User errors and interrupts end in one line and an exit code; only bugs show a traceback."""
     try:
-        return int(call())
+        code = int(call())
+        interrupts.release()  # a Ctrl-C held through a short command (--dry-run, --show-config) still counts
+        return code
     except SystemExit as e:  # argparse already printed its one line (or --help)
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     except LauncherError as e:

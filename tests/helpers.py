@@ -72,6 +72,18 @@ def worker_processes(pid: int) -> List[psutil.Process]:
     return found
 
 
+def group_processes(pgid: int) -> List[psutil.Process]:
+    """Live processes of process group pgid (a launch started with start_new_session), zombies left out."""
+    found = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
 def wait_gone(procs: List[psutil.Process], timeout: float) -> List[psutil.Process]:
     """The processes still alive after timeout (zombies count as gone)."""
     deadline = time.monotonic() + timeout

@@ -18,6 +18,7 @@ and, for the launcher (no process group needed): latest_valid(ckpt_dir), read_ma
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -32,6 +33,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+
+from trainers.diskspace import DiskFullError, disk_full, free_space, nearly_full
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -86,11 +89,24 @@ def save(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimize
         tmp.mkdir(parents=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
-    _save_rank_file(tmp / f"rank-{rank}.pt", {"position": asdict(position), "rng": capture_rng()})
-    _barrier()
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+        _save_rank_file(tmp / f"rank-{rank}.pt", {"position": asdict(position), "rng": capture_rng()})
+        _barrier()
+        if rank == 0:
+            _publish(tmp, final, position)
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        # torch's writer reports ENOSPC as a RuntimeError: judged by the space left, before anyone cleans up
+        full, free = disk_full(e) is not None or nearly_full(ckpt_dir), free_space(ckpt_dir)
+        if getattr(e, "failures", None) is not None:  # DCP's failures reach every rank together: decide alike
+            _barrier()
+        if not full:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # any rank: the others stop with this one (the agent's doing)
+        raise DiskFullError(errno.ENOSPC, f"disk full while saving checkpoint step {position.step} to {ckpt_dir} "
+                            f"({free} free there); the previous checkpoint is intact: free space, "
+                            f"lower checkpoint.keep or point checkpoint.dir elsewhere") from e
     if rank == 0:
-        _publish(tmp, final, position)
         prune(ckpt_dir, keep)
     _barrier()
     return final

@@ -10,6 +10,12 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+# At the top, not in run_node: imported while the launcher holds Ctrl-C (launcher.interrupts), since one
+# landing inside an import escapes as a traceback.
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
 from launcher.agent import elastic_fixes
 from launcher.agent.elastic import agent_installed, launcher_worker
 from launcher.errors import RendezvousError, WorkerFailedError
@@ -33,10 +39,6 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
     local_addr: this node's address towards the other nodes: the workers' store listens there.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     agent_env = {**plan.agent_env, **elastic_fixes.apply()}
     os.environ.update(agent_env)
     job = worker_job(plan, config, tuple(agent_env))

@@ -92,7 +92,10 @@ class OutputRouter(threading.Thread):
             self._on_status(source, chunk)
             return
         if source.log is not None:
-            source.log.write(chunk)
+            try:
+                source.log.write(chunk)
+            except OSError:  # a full disk: the console still shows the rank, and its error names the disk
+                source.log = None
         if self._console:
             self._show(source, chunk)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.errors import LaunchError
+from launcher.interrupts import blocked_for_child
 
 BOOTSTRAP = str(Path(__file__).resolve().parents[1] / "worker" / "bootstrap.py")
 READY_TIMEOUT_S = 300.0  # importing torch on a loaded machine can take a while; a broken install fails fast
@@ -37,10 +38,14 @@ class Zygote:
     def __init__(self, kind: str, env: Dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.kind = kind
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", BOOTSTRAP, "zygote", kind, str(os.getpid()), str(theirs.fileno())],
-            env=env, pass_fds=(theirs.fileno(),), close_fds=True,
-        )
+        # It shares our process group, so a terminal's Ctrl-C reaches it too: it starts with the stop
+        # signals blocked, ignores them, then unblocks (launcher.worker.bootstrap), or a Ctrl-C during its
+        # interpreter's start would print a traceback from there.
+        with blocked_for_child():
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", BOOTSTRAP, "zygote", kind, str(os.getpid()), str(theirs.fileno())],
+                env=env, pass_fds=(theirs.fileno(),), close_fds=True,
+            )
         theirs.close()
         self.sock = ours
         self.ready = False
@@ -115,6 +120,8 @@ class Zygote:
 
     def stop(self) -> None:
         """Hang up: the zygote kills whatever of its workers is left, and exits."""
+        if not self.ready and self.proc.poll() is None:
+            self.proc.kill()  # still importing (the launch was stopped early): it has forked nothing yet
         try:
             self.sock.close()
         except OSError:

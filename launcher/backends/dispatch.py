@@ -17,17 +17,25 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+from launcher import interrupts
 from launcher.agent.zygote import Zygote
 from launcher.config.rendezvous import launch_mode, shared_run_id
 from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
 from launcher.plan import build_plan, detect_hardware, new_run_id
-from launcher.rundir import create_run_dir
+from launcher.rundir import create_run_dir, finish, summary_base
 from launcher.warmstart import collector_paused
 
 
 def launch(cfg: Config, dry_run: bool, started: float) -> int:
-    """Plan a resolved config, create its run directory and hand it to its backend."""
+    """Plan a resolved config, create its run directory and hand it to its backend.
+
+    Ctrl-C, SIGTERM and SIGHUP (launcher.interrupts): before the run directory is made, they end the
+    launch at once with nothing on disk; from then on, with summary status "interrupted" (the backend
+    writes that once it runs; before, this function does). Each backend calls launcher.interrupts.release()
+    once its run directory is whole (config.yaml, plan.json).
+    """
+    interrupts.hold()
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
@@ -43,8 +51,13 @@ def launch(cfg: Config, dry_run: bool, started: float) -> int:
     check = getattr(backend, "check_before_start", None)
     if check is not None:
         check(plan)
-    create_run_dir(cfg.output_dir, run_id)
-    return backend.run(cfg, plan, started)
+    with interrupts.deferred():  # made whole, then the signal: the backend releases it once it can record it
+        run_dir = create_run_dir(cfg.output_dir, run_id)
+    try:
+        return backend.run(cfg, plan, started)
+    except KeyboardInterrupt:  # before the backend could record it (it records its own and returns)
+        finish(run_dir, summary_base(cfg, plan), None, "interrupted", started)
+        raise
 
 
 def backend_for(mode: str) -> ModuleType:

@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any, Optional
 
+from launcher import interrupts
 from launcher.agent.launch import first_result, run_node
 from launcher.backends.handshake import choose_interface
 from launcher.config.schema import Config, to_dict
@@ -42,22 +43,18 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
     finish_as = session.finish if session is not None else finish
     base = summary_base(cfg, plan)
     try:
+        interrupts.release()  # the run directory is whole: a Ctrl-C held until now is recorded below
         results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
     except LauncherError as e:
         finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started, error=str(e),
                   restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
         raise
-    except KeyboardInterrupt as e:
-        signum = getattr(e, "sigval", signal.SIGINT)
-        finish_as(run_dir, base, None, "interrupted", started)
-        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
-        return 128 + int(signum)
-    except BaseException as e:
-        signum = getattr(e, "sigval", None)
+    except BaseException as e:  # KeyboardInterrupt, or torch's SignalException (the agent's handlers)
+        signum = getattr(e, "sigval", signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
         if signum is None:
             raise
         finish_as(run_dir, base, None, "interrupted", started)
-        log.info(f"stopped by signal {signum}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
+        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
         return 128 + int(signum)
     killed = sorted(r["rank"] for r in results.values() if isinstance(r, dict) and r.get("hung_at_exit"))
     if killed:  # launcher.agent.processes: finished their script, then hung in the interpreter's exit

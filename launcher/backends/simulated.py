@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher import interrupts
 from launcher.backends.handshake import free_port
 from launcher.config.schema import Config, to_dict
 from launcher.errors import WorkerFailedError
@@ -37,6 +38,7 @@ def pick_port() -> int:
 def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
     """The backend interface (launcher.backends.dispatch): every node here, each its own process."""
     prepare_run_dir(cfg, plan, started)
+    interrupts.release()  # the run directory is whole (launcher.backends.dispatch records a stop from here)
     log.info(f"simulating {plan.nodes} nodes on this machine: {plan.nodes} node agents as separate processes, "
              f"static rendezvous on {plan.rdzv_endpoint}")
     payload = json.dumps({"config": to_dict(cfg), "plan": plan.to_dict(), "started": started})

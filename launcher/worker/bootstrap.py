@@ -49,9 +49,12 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     """Preload, then fork workers on request until the agent hangs up. Returns only in a worker."""
     die_with_parent(parent)
     _set_prctl(PR_SET_CHILD_SUBREAPER, 1)  # a worker's orphaned children come back here, to be killed at the end
-    # The agent decides when workers stop; SLURM's USR2 reaches every process of a job step.
+    # The agent decides when workers stop; SLURM's USR2 reaches every process of a job step. The agent
+    # started this process with SIGINT, SIGTERM and SIGHUP blocked (launcher.agent.zygote): they were held
+    # until now, and once ignored, unblocking them drops what is pending.
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     sock = socket.socket(fileno=control_fd)
     try:
         preload(kind)
@@ -154,7 +157,6 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     for name in WORKER_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     if spec.get("slurm"):  # SLURM's warning signal reaches every process of the step: the trainer handles it
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     stdout_fd, stderr_fd, status_fd = fds
@@ -172,6 +174,9 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
         sys.modules["torch"].set_num_threads(int(threads))  # read at import, in the zygote: apply it now
     beat = register_heartbeat(spec.get("heartbeat"))
     status = os.fdopen(status_fd, "w", buffering=1)
+    # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
+    # their handling of KeyboardInterrupt): a Ctrl-C to the group during this set-up would print this file's
+    # traceback. The agent stops a rank that missed it.
     if spec["kind"] == "trainer":
         sys.path.insert(0, PROJECT_ROOT)
         from launcher.worker.trainer import run_trainer
@@ -234,6 +239,7 @@ def run_user_code(kind: str, target: str, args: list, error_file: "str | None") 
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see become_worker)
         if kind == "module":
             import runpy
 

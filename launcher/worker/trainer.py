@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import multiprocessing.util
@@ -13,6 +14,7 @@ from typing import IO, Any, Dict, NoReturn
 
 from launcher.config.schema import from_dict
 from launcher.runtime import beats
+from trainers.diskspace import DiskFullError
 from trainers.stop import STOP
 from trainers.train import train
 
@@ -25,13 +27,17 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
     tutorial scripts showed), so nothing is left for a normal exit to do but risk that.
     """
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored until here (launcher.worker.bootstrap)
         result = train(from_dict(spec["config"]), spec["run_dir"])
     except SystemExit as e:
         _exit_now(e.code if isinstance(e.code, int) else (0 if e.code is None else 1), status)
     except KeyboardInterrupt:
         _exit_now(128 + signal.SIGINT, status)
     except BaseException as e:
-        traceback.print_exc()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            print(f"error: {e.strerror if isinstance(e, DiskFullError) else e}", file=sys.stderr, flush=True)  # one line
+        else:
+            traceback.print_exc()
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(e)  # the agent reads this to name the error

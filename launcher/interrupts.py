@@ -1,0 +1,82 @@
+"""Ctrl-C, SIGTERM and SIGHUP at any moment of the launcher's life. Standard library only, and little of
+it: launcher.__main__ installs this first, before anything else loads.
+
+Why not Python's KeyboardInterrupt from the start: one raised inside an import escapes as a traceback
+from wherever it lands (importlib, a class body, numpy's C extension, which turns it into an
+ImportError), and one raised between "run directory made" and "summary written" leaves a run nobody
+can read. So, in order:
+
+- ``hold()``: while the launcher imports and plans, nothing of it exists on disk; a stop signal ends
+  the process at once (one line, exit 128+signal). Its zygote dies with it (PR_SET_PDEATHSIG).
+- ``deferred()``: while it makes the run directory, a signal is recorded, not raised.
+- ``release()``: from here the backends clean up after an Interrupted (a KeyboardInterrupt) themselves;
+  a signal recorded before is raised now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator  # not typing: it would add to what loads before the hold
+
+from launcher.errors import Interrupted
+
+HELD: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _State:
+    mode = "off"  # off: raise | exit: end the process at once | record: keep for release()
+    pending: int | None = None  # the first signal that came while recording
+
+
+def _held(signum: int, _frame: object) -> None:
+    if _State.mode == "exit":
+        os.write(2, b"interrupted\n")
+        os._exit(128 + signum)  # not sys.exit: SystemExit inside an import is as bad as KeyboardInterrupt
+    if _State.pending is None:
+        _State.pending = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def hold() -> None:
+    """From now on until release(), a stop signal ends the process at once (nothing to undo yet)."""
+    if _State.mode != "off":
+        return
+    _State.mode = "exit"
+    for sig in HELD:
+        signal.signal(sig, _held)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside, a stop signal is recorded: what is made inside is made whole; release() raises it after."""
+    hold()
+    _State.mode = "record"
+    yield
+
+
+def release() -> None:
+    """Signals raise again (SIGTERM and SIGHUP like Ctrl-C, exit 128+signal); one recorded before, now."""
+    if _State.mode != "off":
+        _State.mode = "off"
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in HELD[1:]:
+            signal.signal(sig, _interrupt)
+    signum, _State.pending = _State.pending, None
+    if signum is not None:
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def blocked_for_child() -> Iterator[None]:
+    """A child started inside begins with the stop signals blocked (it unblocks them once it has set its
+    own handlers: launcher.worker.bootstrap); here they stay pending, not lost, and arrive on exit."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

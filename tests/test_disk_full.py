@@ -1,0 +1,44 @@
+"""A disk that fills during a checkpoint save, for real (a small tmpfs as output_dir): one line naming the
+path and the free space, exit 1, the previous checkpoint intact, no temporary directory, a summary."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import only_run_dir, read_summary, run_launcher
+from trainers.checkpoint import list_checkpoints, verify
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# ~0.3M parameters: model + AdamW state ~3.6 MB a checkpoint; the 6 MB disk holds one, not two.
+MODEL = ["model.hidden=512", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "data.batch_size=16"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}): needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_checkpoint_ends_the_job_in_one_line(small_disk: Path):
+    done = run_launcher(["--gpus", "2", f"output_dir={small_disk}", "trainer.steps=40", "checkpoint.every_steps=10",
+                         "checkpoint.keep=5", "wandb.mode=disabled", *MODEL], cwd=small_disk.parent, timeout=240)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    named = [line for line in out.splitlines() if line.startswith("error:") and "disk full" in line]
+    assert len(named) == 1 and str(small_disk) in named[0] and "free there" in named[0], out
+    assert "Traceback" not in out, out  # every rank ends in one line
+    run_dir = only_run_dir(small_disk)
+    saved = list_checkpoints(run_dir / "checkpoints")
+    assert [p.name for p in saved] == ["step-00000010"] and verify(saved[0]) is None, out
+    assert not [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")], out
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and "disk full" in summary["error"], summary
