@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Callable, Optional
 
 from launcher.agent.zygote import Zygote
 from launcher.config.rendezvous import launch_mode, shared_run_id
@@ -23,11 +24,18 @@ from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
 from launcher.plan import build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir
+from launcher.runlock import check_not_a_finished_run, claim
 from launcher.warmstart import collector_paused
 
 
-def launch(cfg: Config, dry_run: bool, started: float) -> int:
-    """Plan a resolved config, create its run directory and hand it to its backend."""
+def launch(cfg: Config, dry_run: bool, started: float,
+           continuing: Optional[Callable[[Path], None]] = None) -> int:
+    """Plan a resolved config, create and lock its run directory and hand it to its backend.
+
+    continuing: given only where a launch continues an existing run (`resume`, a SLURM task); it is
+    called with the run directory once this launcher holds it, before the backend writes anything.
+    Any other launch into a directory that holds a run is refused (launcher.runlock).
+    """
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
@@ -43,8 +51,16 @@ def launch(cfg: Config, dry_run: bool, started: float) -> int:
     check = getattr(backend, "check_before_start", None)
     if check is not None:
         check(plan)
+    if continuing is None:
+        check_not_a_finished_run(plan)
     create_run_dir(cfg.output_dir, run_id)
-    return backend.run(cfg, plan, started)
+    lock = claim(plan)
+    try:
+        if continuing is not None:
+            continuing(Path(plan.run_dir))
+        return backend.run(cfg, plan, started)
+    finally:
+        lock.release()
 
 
 def backend_for(mode: str) -> ModuleType:
