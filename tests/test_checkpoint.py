@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from tests.helpers import REPO, launcher_env
 from trainers import checkpoint as ckpt
+from trainers import checkpoint_files as files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,14 +68,14 @@ def test_round_trip_restores_weights_optimizer_position_and_every_rng(tmp_path):
     ckpt.restore_rng(resumed.rng)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
 
-    manifest = ckpt.read_manifest(resumed.path)
+    manifest = files.read_manifest(resumed.path)
     assert manifest["step"] == 12 and manifest["world_size"] == 1
     assert {"rank-0.pt", ".metadata"} <= set(manifest["files"])
 
 
 def test_keeps_the_newest_k(tmp_path):
     save_steps(tmp_path, [10, 20, 30, 40], keep=2)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000040", "step-00000030"]
+    assert [p.name for p in files.list_checkpoints(tmp_path)] == ["step-00000040", "step-00000030"]
 
 
 def test_damaged_latest_is_skipped_with_a_warning_and_the_one_before_used(tmp_path, capsys):
@@ -95,9 +96,9 @@ def test_damaged_latest_is_skipped_with_a_warning_and_the_one_before_used(tmp_pa
 
 def test_a_checkpoint_without_its_manifest_or_a_leftover_temp_dir_is_ignored(tmp_path):
     save_steps(tmp_path, [10, 20])
-    (tmp_path / "step-00000020" / ckpt.MANIFEST).unlink()
+    (tmp_path / "step-00000020" / files.MANIFEST).unlink()
     (tmp_path / ".tmp-step-00000030").mkdir()
-    assert ckpt.latest_valid(tmp_path, warn=lambda m: None) == tmp_path / "step-00000010"
+    assert files.latest_valid(tmp_path, warn=lambda m: None) == tmp_path / "step-00000010"
     assert ckpt.load_latest(tmp_path / "nothing-here", *trained(1)) is None
 
 
@@ -120,14 +121,14 @@ def test_killed_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=launcher_env(), capture_output=True, text=True, timeout=90)
     assert proc.returncode == -9, proc.stderr
-    assert (tmp_path / ".tmp-step-00000020" / ckpt.MANIFEST).is_file()  # it got that far
+    assert (tmp_path / ".tmp-step-00000020" / files.MANIFEST).is_file()  # it got that far
     model, optimizer = trained(1)
     resumed = ckpt.load_latest(tmp_path, model, optimizer)
     assert resumed is not None and resumed.position.step == 10
     # saving that step again replaces the leftover
     ckpt.save(tmp_path, model, optimizer, ckpt.Position(20, 0, 20), keep=3)
     assert not (tmp_path / ".tmp-step-00000020").exists()
-    assert ckpt.verify(tmp_path / "step-00000020") is None
+    assert files.verify(tmp_path / "step-00000020") is None
 
 
 class Boom:
@@ -138,9 +139,9 @@ class Boom:
 def forge(path, name, payload):
     """Replace a file and its manifest entry, as an attacker with write access to the run could."""
     (path / name).write_bytes(payload)
-    manifest = ckpt.read_manifest(path)
-    manifest["files"][name] = {"size": len(payload), "sha256": ckpt._sha256(path / name)}
-    (path / ckpt.MANIFEST).write_text(__import__("json").dumps(manifest))
+    manifest = files.read_manifest(path)
+    manifest["files"][name] = {"size": len(payload), "sha256": files.file_sha256(path / name)}
+    (path / files.MANIFEST).write_text(__import__("json").dumps(manifest))
 
 
 @pytest.mark.parametrize("name", ["rank-0.pt", ".metadata"])
@@ -170,9 +171,9 @@ def test_every_seconds_saves_when_time_has_passed_and_records_the_wandb_run(tmp_
     checkpointer = Checkpointer(cfg, str(tmp_path), 0, 1, torch.device("cpu"), model, optimizer)
     for step in (1, 2, 3):
         assert checkpointer.after_step(step, 0, step, lambda: 0.5, last=False) is False
-    saved = ckpt.list_checkpoints(tmp_path / "checkpoints")
+    saved = files.list_checkpoints(tmp_path / "checkpoints")
     assert [p.name for p in saved] == ["step-00000003", "step-00000002", "step-00000001"]
-    assert ckpt.read_manifest(saved[0])["position"]["wandb_run_id"] == "run-xyz"
+    assert files.read_manifest(saved[0])["position"]["wandb_run_id"] == "run-xyz"
 
 
 def _sharded_round_trip(rank, store, ckpt_dir, result_file):

@@ -13,32 +13,28 @@ whose files match its manifest and sets aside (``corrupt-step-N``) any newer one
 API (collective calls: every rank calls them at the same step):
   save(ckpt_dir, model, optimizer, position, keep)  -> the checkpoint directory
   load_latest(ckpt_dir, model, optimizer)          -> Resume (position, this rank's RNG) or None
-and, for the launcher (no process group needed): latest_valid(ckpt_dir), read_manifest(path).
+and, for the launcher (no process group, no torch): trainers.checkpoint_files.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
 import pickle
 import random
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from trainers.checkpoint_files import FORMAT, MANIFEST, file_sha256, latest_valid, list_checkpoints, step_dir
 from trainers.diskspace import DiskFullError, disk_full, free_space, nearly_full
 
-FORMAT = 1
-MANIFEST = "manifest.json"
-STEP_DIR = re.compile(r"^step-(\d{8})$")
 log = logging.getLogger("launcher.checkpoint")
 
 
@@ -62,17 +58,6 @@ class Resume:
     position: Position
     rng: Dict[str, Any]  # this rank's RNG states, for restore_rng at the resumed data position
     path: Path
-
-
-def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Path]:
-    """checkpoint.dir, else <run_dir>/checkpoints; None when there is nowhere to write."""
-    if cfg.checkpoint.dir:
-        return Path(cfg.checkpoint.dir)
-    return Path(run_dir) / "checkpoints" if run_dir else None
-
-
-def step_dir(ckpt_dir: Path, step: int) -> Path:
-    return ckpt_dir / f"step-{step:08d}"
 
 
 # --- saving -----------------------------------------------------------------------------------
@@ -127,7 +112,7 @@ def _publish(tmp: Path, final: Path, position: Position) -> None:
         "step": position.step,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         "position": asdict(position),
-        "files": {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+        "files": {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files},
     }
     with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
@@ -152,52 +137,6 @@ def prune(ckpt_dir: Path, keep: int) -> None:
 
 
 # --- finding and verifying --------------------------------------------------------------------
-
-def list_checkpoints(ckpt_dir: Path) -> List[Path]:
-    """Checkpoint directories, newest first (temporary and set-aside ones excluded)."""
-    if not ckpt_dir.is_dir():
-        return []
-    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
-    return sorted(found, key=lambda p: p.name, reverse=True)
-
-
-def verify(path: Path) -> Optional[str]:
-    """None when every file matches the manifest, else why not."""
-    try:
-        manifest = read_manifest(path)
-    except (OSError, ValueError) as e:
-        return f"no readable {MANIFEST} ({e.__class__.__name__})"
-    if manifest.get("format") != FORMAT:
-        return f"format {manifest.get('format')!r}, expected {FORMAT}"
-    for name, want in manifest.get("files", {}).items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != want["size"]:
-            return f"{name} has {file.stat().st_size} bytes, expected {want['size']}"
-        if _sha256(file) != want["sha256"]:
-            return f"{name} does not match its checksum"
-    return None
-
-
-def read_manifest(path: Path) -> Dict[str, Any]:
-    data = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError("manifest is not an object")
-    return data
-
-
-def latest_valid(ckpt_dir: Path, warn: Callable[[str], None] = log.warning, set_aside: bool = False) -> Optional[Path]:
-    """The newest checkpoint that verifies; each bad one newer than it is reported (and set aside)."""
-    for path in list_checkpoints(ckpt_dir):
-        problem = verify(path)
-        if problem is None:
-            return path
-        warn(f"checkpoint {path} is damaged ({problem}); skipping it and trying the one before")
-        if set_aside:
-            os.rename(path, path.with_name(f"corrupt-{path.name}"))
-    return None
-
 
 # --- loading ----------------------------------------------------------------------------------
 
@@ -366,14 +305,6 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

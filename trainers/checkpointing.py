@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.checkpoint import Position, Resume, checkpoint_dir, load_latest, restore_rng, save
+from trainers.checkpoint import Position, Resume, load_latest, restore_rng, save
+from trainers.checkpoint_files import checkpoint_dir
 from trainers.stop import STOP, StepSignals
 
 

@@ -1,0 +1,86 @@
+"""Checkpoints on disk, without torch: where they are, which verify against their manifest.
+
+The launcher reads these (resume, the hint after a stopped run) and must not pay for importing
+torch.distributed.checkpoint (1.4 s of start-up) to list a directory; trainers.checkpoint writes
+and loads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+log = logging.getLogger("launcher.checkpoint")
+
+
+def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Path]:
+    """checkpoint.dir, else <run_dir>/checkpoints; None when there is nowhere to write."""
+    if cfg.checkpoint.dir:
+        return Path(cfg.checkpoint.dir)
+    return Path(run_dir) / "checkpoints" if run_dir else None
+
+
+def step_dir(ckpt_dir: Path, step: int) -> Path:
+    return ckpt_dir / f"step-{step:08d}"
+
+
+def list_checkpoints(ckpt_dir: Path) -> List[Path]:
+    """Checkpoint directories, newest first (temporary and set-aside ones excluded)."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def verify(path: Path) -> Optional[str]:
+    """None when every file matches the manifest, else why not."""
+    try:
+        manifest = read_manifest(path)
+    except (OSError, ValueError) as e:
+        return f"no readable {MANIFEST} ({e.__class__.__name__})"
+    if manifest.get("format") != FORMAT:
+        return f"format {manifest.get('format')!r}, expected {FORMAT}"
+    for name, want in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != want["size"]:
+            return f"{name} has {file.stat().st_size} bytes, expected {want['size']}"
+        if file_sha256(file) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def read_manifest(path: Path) -> Dict[str, Any]:
+    data = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("manifest is not an object")
+    return data
+
+
+def latest_valid(ckpt_dir: Path, warn: Callable[[str], None] = log.warning, set_aside: bool = False) -> Optional[Path]:
+    """The newest checkpoint that verifies; each bad one newer than it is reported (and set aside)."""
+    for path in list_checkpoints(ckpt_dir):
+        problem = verify(path)
+        if problem is None:
+            return path
+        warn(f"checkpoint {path} is damaged ({problem}); skipping it and trying the one before")
+        if set_aside:
+            os.rename(path, path.with_name(f"corrupt-{path.name}"))
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
