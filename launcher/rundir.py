@@ -44,6 +44,19 @@ def create_run_dir(output_dir: str, run_id: str) -> Path:
     return run_dir.resolve()
 
 
+def archive_rank_logs(run_dir: Path, folder: str) -> Optional[Path]:
+    """Move the earlier attempt's rank logs into logs/<folder>/ so a new attempt's logs start afresh beside them."""
+    logs = run_dir / "logs"
+    old = sorted(logs.glob("rank-*")) if logs.is_dir() else []
+    if not old:
+        return None
+    keep = logs / folder
+    keep.mkdir(exist_ok=True)
+    for path in old:
+        path.replace(keep / path.name)
+    return keep
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temporary file, fsync, rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,12 +49,14 @@ def test_metrics_and_one_offline_wandb_run_and_the_key_stays_secret(tmp_path):
 def test_the_comm_hook_does_not_change_results_and_a_requeued_job_resumes_its_wandb_run(tmp_path):
     common = ["--gpus", "2", "trainer.steps=12", "trainer.log_every=4", "run_id=job1", *QUICK]
     timed = run_launcher([f"output_dir={tmp_path / 'a'}", *common], cwd=tmp_path)
-    again = run_launcher([f"output_dir={tmp_path / 'a'}", *common], cwd=tmp_path)  # same run dir: a requeue
+    run_dir = tmp_path / "a" / "job1"
+    timed_checksum = read_summary(run_dir)["param_checksum"] if timed.returncode == 0 else None
+    # continuing in the same run dir, as a requeue does (a new launch there is refused: only resume continues a run)
+    again = run_launcher(["resume", str(run_dir), "trainer.steps=16"], cwd=tmp_path)
     plain = run_launcher([f"output_dir={tmp_path / 'b'}", "metrics.detailed=false", "wandb.mode=disabled", *common], cwd=tmp_path)
     for r in (timed, again, plain):
         assert r.returncode == 0, r.stderr
-    run_dir = tmp_path / "a" / "job1"
-    assert read_summary(run_dir)["param_checksum"] == read_summary(tmp_path / "b" / "job1")["param_checksum"]
+    assert timed_checksum == read_summary(tmp_path / "b" / "job1")["param_checksum"]
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs), runs

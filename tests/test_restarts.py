@@ -116,11 +116,16 @@ def test_resume_command_continues_a_finished_run_in_place(tmp_path, uninterrupte
 
 
 def test_running_a_finished_job_again_repeats_nothing(tmp_path, uninterrupted):
-    """An elastic agent may start a finished job again as a new attempt: it must resume, not retrain."""
+    """An elastic agent (or a SLURM requeue) may start a finished job again as a new attempt: it must resume, not retrain.
+
+    A new launch may not reuse the finished run's directory (tests/test_run_ownership.py), so this
+    attempt is a new run that trains into the finished run's checkpoints, as such an attempt would.
+    """
     out, reference = uninterrupted
-    result = run_launcher([*JOB, f"output_dir={out}", "run_id=reference"], cwd=out)
+    ckpts = out / "reference" / "checkpoints"
+    result = run_launcher([*JOB, f"output_dir={out}", "run_id=again", f"checkpoint.dir={ckpts}"], cwd=out)
     assert result.returncode == 0, result.stderr
-    summary = read_summary(out / "reference")
+    summary = read_summary(out / "again")
     assert summary["resumed_from_step"] == STEPS and summary["final_loss"] == reference["final_loss"]
     assert_same_training(summary, uninterrupted)
     manifest = json.loads((out / "reference" / "checkpoints" / f"step-{STEPS:08d}" / "manifest.json").read_text())

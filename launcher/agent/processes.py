@@ -37,6 +37,11 @@ log = logging.getLogger("launcher")
 STACK_WAIT_S = 2.0
 
 
+def result_file(run_dir: str, rank: int) -> Path:
+    """Where the built-in trainer's rank leaves its result dict for the agent (launcher.worker.trainer)."""
+    return Path(run_dir) / "logs" / f".result-rank-{rank}.json"
+
+
 @dataclass
 class WorkerJob:
     """What every worker of this node runs, whatever the attempt."""
@@ -136,7 +141,7 @@ class WorkerProcesses(PContext):
         return popen
 
     def _result_file(self, rank: int) -> str:
-        return str(Path(self.job.run_dir) / "logs" / f".result-rank-{rank}.json")
+        return str(result_file(self.job.run_dir, rank))
 
     # ---- watch
 

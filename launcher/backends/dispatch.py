@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Callable, Optional
 
 from launcher import interrupts
 from launcher.agent.zygote import Zygote
@@ -24,11 +25,17 @@ from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
 from launcher.plan import build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir, finish, summary_base
+from launcher.runlock import check_not_a_finished_run, claim
 from launcher.warmstart import collector_paused
 
 
-def launch(cfg: Config, dry_run: bool, started: float) -> int:
-    """Plan a resolved config, create its run directory and hand it to its backend.
+def launch(cfg: Config, dry_run: bool, started: float,
+           continuing: Optional[Callable[[Path], None]] = None) -> int:
+    """Plan a resolved config, create and lock its run directory and hand it to its backend.
+
+    continuing: given only where a launch continues an existing run (`resume`, a SLURM task); it is
+    called with the run directory once this launcher holds it, before the backend writes anything.
+    Any other launch into a directory that holds a run is refused (launcher.runlock).
 
     Ctrl-C, SIGTERM and SIGHUP (launcher.interrupts): before the run directory is made, they end the
     launch at once with nothing on disk; from then on, with summary status "interrupted" (the backend
@@ -51,13 +58,20 @@ def launch(cfg: Config, dry_run: bool, started: float) -> int:
     check = getattr(backend, "check_before_start", None)
     if check is not None:
         check(plan)
-    with interrupts.deferred():  # made whole, then the signal: the backend releases it once it can record it
-        run_dir = create_run_dir(cfg.output_dir, run_id)
+    if continuing is None:
+        check_not_a_finished_run(plan)
+    with interrupts.deferred():  # made whole and ours, then the signal: the backend releases it once it can record it
+        made = create_run_dir(cfg.output_dir, run_id)
+        lock = claim(plan)
     try:
+        if continuing is not None:
+            continuing(made)
         return backend.run(cfg, plan, started)
     except KeyboardInterrupt:  # before the backend could record it (it records its own and returns)
-        finish(run_dir, summary_base(cfg, plan), None, "interrupted", started)
+        finish(made, summary_base(cfg, plan), None, "interrupted", started)
         raise
+    finally:
+        lock.release()
 
 
 def backend_for(mode: str) -> ModuleType:

@@ -6,14 +6,16 @@ with a NodeSession that meets the other nodes first and decides which node write
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from launcher import interrupts
 from launcher.agent.launch import first_result, run_node
+from launcher.agent.processes import result_file
 from launcher.backends.handshake import choose_interface
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, LauncherError, WorkerFailedError
@@ -53,15 +55,43 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
         signum = getattr(e, "sigval", signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
         if signum is None:
             raise
-        finish_as(run_dir, base, None, "interrupted", started)
-        log.info(f"interrupted by {signal.Signals(signum).name}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
-        return 128 + int(signum)
+        return stopped(cfg, plan, started, session, base, f"interrupted by {signal.Signals(signum).name}", signum)
     killed = sorted(r["rank"] for r in results.values() if isinstance(r, dict) and r.get("hung_at_exit"))
     if killed:  # launcher.agent.processes: finished their script, then hung in the interpreter's exit
         base["ranks_killed_at_exit"] = killed
     summary = finish_as(run_dir, base, first_result(results), "completed", started, restarts=restarts)
     log.info(one_line_summary(summary, run_dir))
     return 0
+
+
+def stopped(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any], base: Dict[str, Any],
+            how: str, signum: int) -> int:
+    """summary.json of a job stopped by a signal: "completed" where rank 0 had finished the last step, else "interrupted"."""
+    run_dir = Path(plan.run_dir)
+    finish_as = session.finish if session is not None else finish
+    rank0 = finished_rank0(cfg, plan, started, session)
+    if rank0 is not None:  # nothing left to train: "interrupted" would send a resume that refuses, forever
+        summary = finish_as(run_dir, base, rank0, "completed", started)
+        log.info(f"{how} after the last step; {one_line_summary(summary, run_dir)}")
+        return 0
+    finish_as(run_dir, base, None, "interrupted", started)
+    log.info(f"{how}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
+    return 128 + int(signum)
+
+
+def finished_rank0(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any]) -> Optional[Dict[str, Any]]:
+    """Rank 0's result, where this node ran rank 0 and it trained to trainer.steps in this launch."""
+    if session is not None and 0 not in session.logs.placement.get("ranks", []):
+        return None
+    path = result_file(plan.run_dir, 0)
+    try:
+        if path.stat().st_mtime < started:
+            return None  # an earlier launch's
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    done = isinstance(result, dict) and result.get("steps") == cfg.trainer.steps
+    return result if done else None
 
 
 def resume_hint(cfg: Config, run_dir: Path) -> str:

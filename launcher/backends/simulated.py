@@ -140,7 +140,8 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
     """Node 0 wrote summary.json for a finished job; for a failed or stopped one, say what happened."""
     run_dir = Path(plan.run_dir)
     summary_path = run_dir / "summary.json"
-    if code == 0 and summary_path.exists():
+    finished = summary_path.exists() if code == 0 else code >= 128 and _completed_since(summary_path, started)
+    if finished:  # node 0 wrote it: a stop that came after the last step ends "completed" too
         log.info(one_line_summary(read_json(summary_path), run_dir))
         return 0
     base = {**summary_base(cfg, plan), **_what_the_nodes_knew(summary_path),
@@ -155,6 +156,14 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
     if code == 2:
         return 2  # the node printed its one-line usage error already
     raise WorkerFailedError(error)
+
+
+def _completed_since(summary_path: Path, started: float) -> bool:
+    """Node 0 wrote a "completed" summary.json in this launch (a resumed run's directory holds an older one)."""
+    try:
+        return summary_path.stat().st_mtime >= started and read_json(summary_path).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
 
 
 def _what_the_nodes_knew(summary_path: Path) -> Dict[str, Any]:

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
-from launcher.backends import local
+from launcher.backends import dispatch
 from launcher.clock import process_start_time
 from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
-from launcher.plan import build_plan, detect_hardware
+from launcher.rundir import archive_rank_logs
 from launcher.usage import OneLineParser
 from trainers.checkpoint_files import checkpoint_dir, latest_valid, read_manifest
 
@@ -113,9 +113,12 @@ def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Path, int]:
 
 
 def launch(cfg: Config, run_dir: Path, checkpoint: Path, step: int) -> int:
-    started = process_start_time()
-    plan = build_plan(cfg, detect_hardware(), run_dir.name, str(run_dir))
-    log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
-    log.info(f"resuming run {run_dir.name} from {checkpoint.name} (step {step}) to step {cfg.trainer.steps}")
-    return local.run(cfg, plan, started)
+    """The recorded run's backend (a simulated multi-node run gets its nodes again), in its own directory."""
 
+    def take_over(locked: Path) -> None:
+        log = setup_launcher_logging(locked / "logs" / "launcher.log")
+        kept = archive_rank_logs(locked, f"before-resume-{len(list((locked / 'logs').glob('before-resume-*'))) + 1}")
+        log.info(f"resuming run {run_dir.name} from {checkpoint.name} (step {step}) to step {cfg.trainer.steps}"
+                 + (f"; the earlier rank logs are in {kept}" if kept else ""))
+
+    return dispatch.launch(cfg, dry_run=False, started=process_start_time(), continuing=take_over)

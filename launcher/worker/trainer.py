@@ -42,12 +42,12 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
 
         ErrorHandler().record_exception(e)  # the agent reads this to name the error
         _exit_now(1, status)
-    if STOP.signum is not None:  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
-        _exit_now(128 + STOP.signum, status)
     tmp = spec["result_file"] + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "w", encoding="utf-8") as f:  # stopped too: a stop after the last step still finished the run
         json.dump(result, f)
     os.replace(tmp, spec["result_file"])
+    if STOP.signum is not None:  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
+        _exit_now(128 + STOP.signum, status)
     _exit_now(0, status)
 
 

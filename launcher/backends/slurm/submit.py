@@ -19,6 +19,7 @@ from launcher.config.schema import Config, to_dict, to_yaml
 from launcher.errors import ConfigError, LaunchError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, write_atomic, write_json
+from launcher.runlock import existing_run
 from launcher.backends.slurm.records import JOB_FILE, wait_for_job
 
 def partition_has_gpus(partition: Optional[str]) -> bool:
@@ -95,6 +96,8 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         print(f"# each task calls launcher.backends.slurm.task.SlurmNodeAgent, pickled in {run_dir / 'slurm'}\n"
               f"# resolved config\n{to_yaml(cfg)}", end="")
         return 0
+    if (run_dir / "config.yaml").is_file():  # a requeue reuses it; a new submission never does
+        raise existing_run(run_dir, cfg.run_id)
     create_run_dir(cfg.output_dir, cfg.run_id)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     job = _submit(executor, cfg)

@@ -23,7 +23,7 @@ from launcher.clock import process_start_time
 from launcher.config.schema import from_dict
 from launcher.errors import LaunchError
 from launcher.logs import setup_launcher_logging
-from launcher.rundir import read_json, write_json
+from launcher.rundir import archive_rank_logs, read_json, write_json
 
 log = logging.getLogger("launcher")
 STOP_SIGNAL = signal.SIGUSR2  # submitit's checkpoint signal; the trainer stops on it (trainers.stop)
@@ -40,19 +40,27 @@ class SlurmNodeAgent:
         env = SlurmEnvironment.from_environ()
         run_dir = Path(cfg.output_dir) / str(cfg.run_id)
         setup_launcher_logging(None)
-        if env.restart_count:
-            log.info(f"SLURM job {env.job_id} requeued {env.restart_count} time(s): resuming from the latest checkpoint")
-            if env.node_rank == 0:
-                archive_rank_logs(run_dir, env.restart_count - 1)
         started = process_start_time()
-        try:
-            code = launch(cfg, dry_run=False, started=started)
+        try:  # the run directory is this job's (submit made it), on its first attempt as on a requeue
+            code = launch(cfg, dry_run=False, started=started, continuing=lambda _: self._note_requeue(env, run_dir))
         finally:  # a failed or stopped job's summary names its SLURM job too
             if env.node_rank == 0:
                 record_requeues(run_dir, env, started)
         if code != 0:
             raise LaunchError(f"node {env.node_rank} ended with exit code {code}; see {run_dir}/logs")
         return code
+
+    @staticmethod
+    def _note_requeue(env: SlurmEnvironment, run_dir: Path) -> None:
+        """A requeued attempt keeps the previous attempt's rank logs under logs/slurm-attempt-N/.
+
+        Node 0 moves them once it holds its slot: no node's workers start before node 0 is up (rendezvous).
+        """
+        if not env.restart_count:
+            return
+        log.info(f"SLURM job {env.job_id} requeued {env.restart_count} time(s): resuming from the latest checkpoint")
+        if env.node_rank == 0:
+            archive_rank_logs(run_dir, f"slurm-attempt-{env.restart_count - 1}")
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """On USR2 (rank 0's task only): let the workers save at the next step, then requeue."""
@@ -79,21 +87,6 @@ def stop_workers_and_wait(timeout_s: float) -> None:
     while time.monotonic() < deadline and running_worker_pids():
         time.sleep(0.2)
     log.info("workers stopped after a checkpoint; requeueing")
-
-
-def archive_rank_logs(run_dir: Path, attempt: int) -> None:
-    """Keep the previous SLURM attempt's rank logs under logs/slurm-attempt-N/ (a new attempt rewrites them).
-
-    Node 0 does it before it starts: no node's workers can start before node 0 is up (rendezvous).
-    """
-    logs = run_dir / "logs"
-    old = sorted(logs.glob("rank-*")) if logs.is_dir() else []
-    if not old:
-        return
-    keep = logs / f"slurm-attempt-{attempt}"
-    keep.mkdir(exist_ok=True)
-    for path in old:
-        path.replace(keep / path.name)
 
 
 def record_requeues(run_dir: Path, env: SlurmEnvironment, started: float) -> None:
