@@ -5,7 +5,9 @@ A backend is a module of launcher.backends with
     run(cfg: Config, plan: LaunchPlan, started: float) -> int   (the job's exit code on this machine)
 
 and, optionally, ``check_before_start(plan)`` (what can fail before anything starts, checked before
-the run directory exists). The plan says which one (LaunchPlan.mode): ``single`` runs here
+the run directory exists) and ``meet(plan) -> session`` (the nodes of a multi-node job meet and agree on
+their settings before any of them locks or writes the run directory; run then takes the session as a
+fourth argument). The plan says which one (LaunchPlan.mode): ``single`` runs here
 (launcher.backends.local), ``simulated`` runs every node here as its own process
 (launcher.backends.simulated), ``static`` and ``c10d`` run one node of a multi-machine job
 (launcher.backends.node). SLURM submits a job whose tasks come back here (launcher.backends.slurm).
@@ -58,6 +60,8 @@ def launch(cfg: Config, dry_run: bool, started: float,
     check = getattr(backend, "check_before_start", None)
     if check is not None:
         check(plan)
+    meet = getattr(backend, "meet", None)  # the nodes of a multi-node job: they agree before any touches the run directory
+    session = meet(plan) if meet is not None else None
     if continuing is None:
         check_not_a_finished_run(plan)
     with interrupts.deferred():  # made whole and ours, then the signal: the backend releases it once it can record it
@@ -66,7 +70,7 @@ def launch(cfg: Config, dry_run: bool, started: float,
     try:
         if continuing is not None:
             continuing(made)
-        return backend.run(cfg, plan, started)
+        return backend.run(cfg, plan, started) if session is None else backend.run(cfg, plan, started, session)
     except KeyboardInterrupt:  # before the backend could record it (it records its own and returns)
         finish(made, summary_base(cfg, plan), None, "interrupted", started)
         raise

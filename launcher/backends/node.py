@@ -40,11 +40,18 @@ class NodeSession:
         self.handshake = NodeHandshake(plan, plan.node_rank)
         self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs", on_placement=self.handshake.publish_placement)
         self.node_list: List[Dict[str, Any]] = []
+        self.met = False
+
+    def meet(self) -> None:
+        """Meet the other nodes, or raise naming the problem (settings that differ, a --node-rank used twice)."""
+        if not self.met:
+            self.handshake.connect()
+            self.handshake.meet(self.plan.nodes, self.plan.workers_per_node)
+            self.met = True
+            log.info(f"all {self.plan.nodes} nodes checked in at {self.plan.rdzv_endpoint} ({self.plan.rdzv_backend} rendezvous)")
 
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
-        self.handshake.connect()
-        self.handshake.meet(plan.nodes, plan.workers_per_node)
-        log.info(f"all {plan.nodes} nodes checked in at {plan.rdzv_endpoint} ({plan.rdzv_backend} rendezvous)")
+        self.meet()
         local_addr = choose_interface(self.handshake.host, self.handshake.port)
         results, restarts = run_node(plan, config, self.logs, local_addr)
         holds_rank0 = first_result(results) is not None
@@ -96,9 +103,21 @@ def check_before_start(plan: LaunchPlan) -> None:
         require_free_port(int(port))
 
 
-def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
+def meet(plan: LaunchPlan) -> NodeSession:
+    """The backend interface (launcher.backends.dispatch): meet the other nodes before the run directory is touched.
+
+    A node started with other settings, or a second node with the same --node-rank, is named here on every
+    node (exit 2), not by the run directory's lock (launcher.runlock) of whichever node came second.
+    """
+    setup_launcher_logging(None)  # the console, until the run directory has its log file
+    session = NodeSession(plan)
+    session.meet()
+    return session
+
+
+def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[NodeSession] = None) -> int:
     """The backend interface (launcher.backends.dispatch): this machine's node of the job."""
-    return local.run(cfg, plan, started, NodeSession(plan))
+    return local.run(cfg, plan, started, session if session is not None else NodeSession(plan))
 
 
 def _since(started: float) -> float:
