@@ -1,5 +1,6 @@
-"""A disk that fills during a checkpoint save, for real (a small tmpfs as output_dir): one line naming the
-path and the free space, exit 1, the previous checkpoint intact, no temporary directory, a summary."""
+"""A disk that fills, for real (a small tmpfs as output_dir): during a checkpoint save, one line naming the
+path and the free space, exit 1, the previous checkpoint intact, no temporary directory, a summary; while
+metrics and the W&B offline run are written, the same one line and no traceback from the launcher."""
 
 import subprocess
 from pathlib import Path
@@ -15,17 +16,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MODEL = ["model.hidden=512", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "data.batch_size=16"]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
+def mounted(tmp_path: Path, size: str):
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True, text=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True, text=True)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}): needs root")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    yield from mounted(tmp_path, "6m")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    yield from mounted(tmp_path, "48k")  # the run directory's first files fit; a few steps of metrics do not
 
 
 def test_a_full_disk_during_a_checkpoint_ends_the_job_in_one_line(small_disk: Path):
@@ -42,3 +52,22 @@ def test_a_full_disk_during_a_checkpoint_ends_the_job_in_one_line(small_disk: Pa
     assert not [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")], out
     summary = read_summary(run_dir)
     assert summary["status"] == "failed" and "disk full" in summary["error"], summary
+
+
+def test_a_full_disk_while_logging_metrics_ends_the_job_in_one_line(tiny_disk: Path):
+    done = run_launcher(["--gpus", "2", f"output_dir={tiny_disk}", "trainer.steps=2000", "wandb.mode=offline"],
+                        cwd=tiny_disk.parent, timeout=240)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    run_dir = only_run_dir(tiny_disk)
+    said = [line for line in out.splitlines() if "disk full while writing metrics" in line]
+    assert len(said) == 1 and str(run_dir / "metrics.jsonl") in said[0] and "free there" in said[0], out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rank 0 failed" in errors[0] and "disk is full" in errors[0], out
+    launcher_lines = [line for line in out.splitlines() if not line.startswith("[rank")]
+    assert not [line for line in launcher_lines if "Traceback" in line or line.startswith("  File ")], out
+    assert not [p for p in run_dir.rglob("*.tmp")], "a half-written file was left behind"
+    if (run_dir / "summary.json").exists():  # only if it fitted
+        assert read_summary(run_dir)["status"] == "failed"
+    else:
+        assert "summary.json not written" in out, out

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from launcher.runtime import env
 from launcher.runtime.config import config_record
+from trainers.diskspace import DiskFullError, disk_full, free_space
 from trainers.progress import ProgressBar, eta_seconds, format_eta, use_bar
 from trainers.wandb_logger import WandbLogger, wandb_enabled
 
@@ -43,17 +44,29 @@ class JsonlLogger:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._path, self._full = path, False
         self._file = open(path, "a", encoding="utf-8")
 
     def log(self, metrics: Dict[str, Any]) -> None:
-        self._file.write(json.dumps(metrics) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(metrics) + "\n")
+            self._file.flush()
+        except OSError as e:
+            if disk_full(e) is None:
+                raise
+            self._full = True
+            raise DiskFullError(e.errno, f"disk full while writing metrics to {self._path} ({free_space(self._path.parent)} "
+                                         "free there): free space or point output_dir elsewhere") from None
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         pass  # the launcher writes summary.json from rank 0's result
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:
+            if not self._full:
+                raise  # else: the line that did not fit is what log() reported
 
 
 class ConsoleLogger:

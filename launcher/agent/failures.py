@@ -7,6 +7,7 @@ the rank that started it. This module completes the agent's view and picks that 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -73,9 +74,21 @@ def with_recorded_errors(failures: Dict[int, Any], plan: LaunchPlan, attempt: in
     found = dict(failures)
     for path in (Path(plan.run_dir) / "logs").glob("rank-*.error.json"):
         match = pattern.match(path.name)
-        if match and int(match.group(1)) not in found:
+        if match and int(match.group(1)) not in found and readable_error_file(str(path)):
             found[int(match.group(1))] = ProcessFailure(local_rank=-1, pid=-1, exitcode=1, error_file=str(path))
     return found
+
+
+def readable_error_file(path: str) -> str:
+    """path where it holds JSON, else "": a full disk leaves an error file empty, and torch raises reading one."""
+    try:
+        if path and os.path.getsize(path) > 0:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+            return path
+    except (OSError, ValueError):
+        pass
+    return ""
 
 
 def failure_reason(failure: Any) -> str:

@@ -27,6 +27,7 @@ from launcher.agent.processes import WorkerJob
 from launcher.agent.stores import listening_store
 from launcher.agent.watchdog import run_watched
 from launcher.runtime import env
+from trainers.diskspace import free_space, nearly_full
 
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
@@ -102,7 +103,10 @@ def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, 
     rank, failure = root_cause(failures)
     others = sorted(r for r in failures if r != rank)
     also = f" (ranks {', '.join(map(str, others))} failed too)" if others else ""
-    return f"rank {rank} failed: {failure_reason(failure)}{also}; see {rank_log(plan, rank, attempt)}"
+    reason = failure_reason(failure)
+    if ":" not in reason and nearly_full(Path(plan.run_dir)):  # no error recorded: its error file may not fit either
+        reason += f" (the run directory's disk is full: {free_space(Path(plan.run_dir))} free)"
+    return f"rank {rank} failed: {reason}{also}; see {rank_log(plan, rank, attempt)}"
 
 
 def first_result(results: Dict[int, Any]) -> Optional[Dict[str, Any]]:

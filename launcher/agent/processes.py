@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Optional
 from torch.distributed.elastic.multiprocessing.api import PContext, RunProcsResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from launcher.agent.failures import readable_error_file
 from launcher.agent.streams import OutputRouter
 from launcher.agent.zygote import BOOTSTRAP, Zygote
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
@@ -201,7 +202,7 @@ class WorkerProcesses(PContext):
             return None
         self.close()
         if failed:
-            failures = {lr: ProcessFailure(local_rank=lr, pid=w.pid, exitcode=w.code, error_file=self.error_files.get(lr, ""))
+            failures = {lr: ProcessFailure(local_rank=lr, pid=w.pid, exitcode=w.code, error_file=readable_error_file(self.error_files.get(lr, "")))
                         for lr, w in failed.items()}
             return RunProcsResult(failures=failures, stdouts=self.stdouts, stderrs=self.stderrs)
         return RunProcsResult(return_values={w.local_rank: self._result(w) for w in self.workers.values()},

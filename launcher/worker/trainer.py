@@ -40,7 +40,10 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
             traceback.print_exc()
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-        ErrorHandler().record_exception(e)  # the agent reads this to name the error
+        try:
+            ErrorHandler().record_exception(e)  # the agent reads this to name the error
+        except OSError:
+            pass  # a full disk: the agent names the exit code, the line above says why
         _exit_now(1, status)
     tmp = spec["result_file"] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:  # stopped too: a stop after the last step still finished the run
