@@ -34,6 +34,11 @@ def small_disk(tmp_path):
 
 
 @pytest.fixture
+def disk_for_logs_only(tmp_path):
+    yield from mounted(tmp_path, "400k")  # the run directory and its metrics fit; the default model's checkpoint does not
+
+
+@pytest.fixture
 def tiny_disk(tmp_path):
     yield from mounted(tmp_path, "48k")  # the run directory's first files fit; a few steps of metrics do not
 
@@ -71,3 +76,16 @@ def test_a_full_disk_while_logging_metrics_ends_the_job_in_one_line(tiny_disk: P
         assert read_summary(run_dir)["status"] == "failed"
     else:
         assert "summary.json not written" in out, out
+
+
+def test_a_first_checkpoint_that_does_not_fit_does_not_claim_an_earlier_one(disk_for_logs_only: Path):
+    done = run_launcher(["--gpus", "2", f"output_dir={disk_for_logs_only}", "trainer.steps=20", "wandb.mode=disabled"],
+                        cwd=disk_for_logs_only.parent, timeout=240)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "disk full while saving checkpoint step 20" in errors[0], out
+    assert "no earlier checkpoint was saved" in errors[0] and "intact" not in errors[0], out
+    run_dir = only_run_dir(disk_for_logs_only)
+    assert list_checkpoints(run_dir / "checkpoints") == [] and not list((run_dir / "checkpoints").iterdir()), out
+    assert read_summary(run_dir)["status"] == "failed", out

@@ -88,8 +88,9 @@ def save(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimize
         if not full:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # any rank: the others stop with this one (the agent's doing)
+        kept = "the previous checkpoint is intact" if list_checkpoints(ckpt_dir) else "no earlier checkpoint was saved"
         raise DiskFullError(errno.ENOSPC, f"disk full while saving checkpoint step {position.step} to {ckpt_dir} "
-                            f"({free} free there); the previous checkpoint is intact: free space, "
+                            f"({free} free there); {kept}: free space, "
                             f"lower checkpoint.keep or point checkpoint.dir elsewhere") from e
     if rank == 0:
         prune(ckpt_dir, keep)
