@@ -144,7 +144,7 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
     if finished:  # node 0 wrote it: a stop that came after the last step ends "completed" too
         log.info(one_line_summary(read_json(summary_path), run_dir))
         return 0
-    base = {**summary_base(cfg, plan), **_what_the_nodes_knew(summary_path),
+    base = {**summary_base(cfg, plan), **_what_the_nodes_knew(summary_path, started),
             "launch_mode": plan.mode, "rendezvous": plan.rdzv_backend, "rdzv_endpoint": plan.rdzv_endpoint}
     restarts = base.pop("restarts", 0)
     if code >= 128:
@@ -166,9 +166,14 @@ def _completed_since(summary_path: Path, started: float) -> bool:
         return False
 
 
-def _what_the_nodes_knew(summary_path: Path) -> Dict[str, Any]:
-    """From the summary the head node wrote as it stopped (if it could): who ran which ranks, restarts."""
+def _what_the_nodes_knew(summary_path: Path, started: float) -> Dict[str, Any]:
+    """From the summary the head node wrote as it stopped in this launch (if it could): who ran which ranks, restarts.
+
+    A resumed run's directory holds the earlier launch's summary: older than this launch, it says nothing of it.
+    """
     try:
+        if summary_path.stat().st_mtime < started:
+            return {}
         written = read_json(summary_path)
     except (OSError, ValueError):
         return {}
