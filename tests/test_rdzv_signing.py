@@ -185,3 +185,31 @@ def test_nodes_with_different_secrets_do_not_form_a_job_and_are_told(tmp_path, s
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("summary.json"))
     warned = [line for line in outs[1].splitlines() if "no rendezvous secret" in line]
     assert len(warned) == (1 if second == "no secret" else 0), outs[1]
+
+
+# -- where the secret comes from -------------------------------------------------------------
+def test_the_secret_file_wins_over_the_environment_and_blank_means_none(tmp_path):
+    from launcher.config.rdzv_secret import read_rdzv_secret
+
+    path = tmp_path / "job.secret"
+    path.write_text("  from-file\n")
+    assert read_rdzv_secret(str(path), {SECRET_ENV: "from-env"}) == b"from-file"
+    assert read_rdzv_secret(None, {SECRET_ENV: "from-env"}) == b"from-env"
+    assert read_rdzv_secret(None, {SECRET_ENV: "  "}) is None and read_rdzv_secret(None, {}) is None
+
+
+def test_a_slurm_submission_hands_its_tasks_a_fresh_secret_only_while_sbatch_runs(monkeypatch):
+    import os
+    import re
+
+    from launcher.backends.slurm.submit import job_secret
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    seen = []
+    for _ in range(2):
+        with job_secret(has_secret=False):  # what sbatch (--export=ALL) passes on to the job's tasks
+            seen.append(os.environ[SECRET_ENV])
+    assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in seen) and seen[0] != seen[1]
+    assert SECRET_ENV not in os.environ
+    with job_secret(has_secret=True):  # the user's own: left to the tasks to read
+        assert SECRET_ENV not in os.environ
