@@ -147,7 +147,7 @@ def test_a_forged_rendezvous_state_is_refused_and_runs_no_code(tmp_path):
 
     marker, port = tmp_path / "pwned", free_port()
     # node 1 reads the forged state too, unless node 0 has gone first: then it waits out its --rdzv-timeout
-    argv = [*TWO, "--rdzv-timeout", "10", *c10d(port, "victim"), "trainer.steps=2", *QUICK]
+    argv = [*TWO, "--rdzv-timeout", "25", *c10d(port, "victim"), "trainer.steps=2", *QUICK]
     node0 = start_node(tmp_path, argv, "the-job-secret")
     deadline = time.monotonic() + 60
     while True:  # the attacker: a plain store client on the job's rendezvous port
@@ -169,13 +169,18 @@ def test_a_forged_rendezvous_state_is_refused_and_runs_no_code(tmp_path):
     assert all("Traceback" not in out for out in outs), outs
 
 
-@pytest.mark.parametrize("second", ["another secret", "no secret"])
-def test_nodes_with_different_secrets_do_not_form_a_job_and_are_told(tmp_path, second):
+@pytest.mark.parametrize("second,mode", [("another secret", "c10d"), ("no secret", "c10d"), ("another secret", "static")])
+def test_nodes_with_different_secrets_do_not_form_a_job_and_are_told(tmp_path, second, mode):
     port = free_port()
-    argv = [*TWO, *c10d(port), "trainer.steps=2", *QUICK]
-    first = start_node(tmp_path, argv, "secret-one")
+
+    def argv(rank: int) -> List[str]:
+        where = c10d(port) if mode == "c10d" else ["--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                                                   "--master-port", str(port)]
+        return [*TWO, *where, "trainer.steps=2", *QUICK]
+
+    first = start_node(tmp_path, argv(0), "secret-one")
     time.sleep(1.0)  # the first hosts the store
-    other = start_node(tmp_path, argv, "secret-two" if second == "another secret" else None)
+    other = start_node(tmp_path, argv(1), "secret-two" if second == "another secret" else None)
     outs = finish([first, other], timeout=90)
     assert [first.returncode, other.returncode] == [2, 2], outs
     for out in outs:
