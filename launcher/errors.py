@@ -31,6 +31,14 @@ class RendezvousError(LauncherError):
     """Nodes could not find each other in time."""
 
 
+class RendezvousAuthError(LauncherError):
+    """What the rendezvous store holds is not signed with this job's secret: the nodes were given
+    different secrets, another job uses the port, or someone wrote there (exit code 2, as for a
+    config error: the usual fix is the same secret on every node)."""
+
+    exit_code = 2
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM/SIGHUP to the launcher, raised like Ctrl-C so the same clean-up runs; exit 128+signal."""
 

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "nodes may run different worker counts (e.g. --gpus 1 on one node, --gpus 2 on another)")
     p.add_argument("--rdzv-id", metavar="ID", help="rendezvous and run id shared by all nodes of one job "
                                                    "(default: derived from the address and port)")
+    p.add_argument("--rdzv-secret-file", metavar="PATH",
+                   help="a file holding the job's secret, the same on every machine: the nodes sign what they share "
+                        "at the rendezvous with it (default: $LAUNCHER_RDZV_SECRET; SLURM jobs get one)")
     p.add_argument("--cluster", choices=("local", "slurm"),
                    help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*)")
     p.add_argument("--wait", action="store_true", help="--cluster slurm: block until the job ends, showing rank 0's log")
@@ -131,7 +134,8 @@ def config_overrides(args: argparse.Namespace) -> List[str]:
     for flag, key in (("nodes", "nodes"), ("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
                       ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"), ("cluster", "cluster"),
                       ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),
-                      ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id")):
+                      ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id"),
+                      ("rdzv_secret_file", "rdzv.secret_file")):
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")

@@ -37,6 +37,9 @@ def cases(tmp_path):
     a_file.write_text("x")
     script = tmp_path / "script.py"
     script.write_text("print('never run')\n")
+    empty_secret = tmp_path / "empty.secret"
+    empty_secret.write_text("\n")
+    c10d_node = ["--nodes", "2", "--gpus", "1", "--rdzv-endpoint", "127.0.0.1:29555"]
     listed = tmp_path / "list.yaml"
     listed.write_text("- trainer.steps=5\n")
     scalar = tmp_path / "scalar.yaml"
@@ -96,6 +99,9 @@ def cases(tmp_path):
         (["run_id=."], "run_id='.' is not a name", None),
         (["run_id=a\tb"], "holds control characters", None),
         (["run_id=" + "r" * 300], "run_id is 300 bytes long", None),
+        # a rendezvous secret file that gives no secret (read before the node meets the others)
+        ([*c10d_node, "--rdzv-secret-file", str(tmp_path / "no-such.secret")], "no-such.secret cannot be read", None),
+        ([*c10d_node, "--rdzv-secret-file", str(empty_secret)], "is empty: put the job's secret in it", None),
     ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -16,9 +17,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from launcher.agent import elastic_fixes
+from launcher.agent import elastic_fixes, signed_rdzv
 from launcher.agent.elastic import agent_installed, launcher_worker
-from launcher.errors import RendezvousError, WorkerFailedError
+from launcher.errors import RendezvousAuthError, RendezvousError, WorkerFailedError
 from launcher.agent.failures import FailureWatch, failure_reason, rank_log, root_cause
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.config.rendezvous import rdzv_configs
@@ -31,14 +32,18 @@ from trainers.diskspace import free_space, nearly_full
 
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
+NEVER_TO_WORKERS = (env.RDZV_SECRET,)  # the agents' alone: a worker's environment gets copied into logs and trackers
 
 
 def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunDirLogsSpecs] = None,
-             local_addr: Optional[str] = None) -> Tuple[Dict[int, Any], int]:
+             local_addr: Optional[str] = None, rdzv_key: Optional[bytes] = None) -> Tuple[Dict[int, Any], int]:
     """Run this node's agent to completion; returns ({local_rank: result}, restarts).
 
     logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
     local_addr: this node's address towards the other nodes: the workers' store listens there.
+    rdzv_key: the job's rendezvous secret; torch's c10d rendezvous state is then signed with it, and a
+    state read that is not is refused before it is unpickled (launcher.agent.signed_rdzv). A run on one
+    machine makes its own.
     """
     agent_env = {**plan.agent_env, **elastic_fixes.apply()}
     os.environ.update(agent_env)
@@ -49,6 +54,10 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
         # loopback, it finds this one (multi-tenant, same port) and starts none; held until we return
         rdzv_store = listening_store("127.0.0.1", 0, plan.rdzv_timeout_s)
         rdzv_endpoint, local_addr = f"127.0.0.1:{rdzv_store.port}", "127.0.0.1"
+        rdzv_key = rdzv_key or secrets.token_bytes(32)  # loopback is reachable by every local user
+    rdzv_backend, rdzv_extra = plan.rdzv_backend, {}
+    if rdzv_key and plan.rdzv_backend == "c10d":  # the static rendezvous keeps no state to unpickle
+        rdzv_backend, rdzv_extra = signed_rdzv.signed_c10d(rdzv_key)
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
     launch_config = elastic_fixes.launch_config(
         LaunchConfig,
@@ -57,9 +66,9 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
         nproc_per_node=plan.workers_per_node,
         run_id=plan.rdzv_id,
         role="default",  # torchrun's: workers see ROLE_NAME=default
-        rdzv_backend=plan.rdzv_backend,
+        rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint,
-        rdzv_configs=rdzv_configs(plan),
+        rdzv_configs={**rdzv_configs(plan), **rdzv_extra},
         local_addr=local_addr,
         max_restarts=plan.max_restarts,
         monitor_interval=0.1,
@@ -73,6 +82,8 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
             results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)())
     except ChildFailedError as e:
         raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts) from e
+    except signed_rdzv.UnsignedStateError as e:
+        raise RendezvousAuthError(str(e)) from None
     except TorchRendezvousError as e:
         raise RendezvousError(
             f"nodes did not meet at {plan.rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
@@ -85,7 +96,7 @@ def worker_job(plan: LaunchPlan, config: Dict[str, Any], agent_env: Tuple[str, .
     """What this node's workers run, and in what environment (agent_env: the agent's own variables, left out)."""
     script = config["script"]
     kind = "trainer" if script["path"] is None else ("module" if script["module"] else "script")
-    dropped = agent_env + (AGENT_ONLY_ENV if kind != "trainer" else ())  # the trainer times its first step
+    dropped = agent_env + NEVER_TO_WORKERS + (AGENT_ONLY_ENV if kind != "trainer" else ())  # the trainer times its first step
     watchdog_s = float(config.get("watchdog", {}).get("timeout_s", 0))
     return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir,
                      added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,

@@ -6,6 +6,9 @@ run; after the job, the node that writes summary.json collects the list.
 The store is created multi-tenant on the rendezvous port: torch's static and c10d rendezvous create
 theirs the same way, so in the hosting process they share this one server (one port, no second one).
 This module owns every socket the launcher opens itself.
+
+With a rendezvous secret (README, Security), every value written here is signed and every value
+read is verified (launcher.agent.signing): a node given another secret is named, on every node.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import tempfile
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from launcher.agent import signing
 from launcher.agent.stores import listening_store
-from launcher.errors import ConfigError, RendezvousError
+from launcher.errors import ConfigError, RendezvousAuthError, RendezvousError
 from launcher.config.rendezvous import split_endpoint
+from launcher.runtime import env
 
 log = logging.getLogger("launcher")
 POLL_S = 0.1
@@ -128,8 +133,9 @@ def _is_local(host: str) -> bool:
 class NodeHandshake:
     """One node's side of the handshake; keep it alive for the whole job (it may host the store)."""
 
-    def __init__(self, plan: Any, node_rank: Optional[int]) -> None:
+    def __init__(self, plan: Any, node_rank: Optional[int], key: Optional[bytes] = None) -> None:
         self.plan = plan
+        self.key = key  # the job's rendezvous secret: None signs nothing
         self.node_rank = node_rank
         self.host, self.port = split_endpoint(plan.rdzv_endpoint)
         self.timeout_s = plan.rdzv_timeout_s
@@ -201,15 +207,26 @@ class NodeHandshake:
                 problem = (f"more than --nodes {nodes} nodes joined {self.host}:{self.port}: "
                            "a node was started twice, or with a wrong --nodes")
             if problem is not None:
-                self.store.compare_set("verdict", "", problem)
+                self.store.compare_set("verdict", "", self._dump("verdict", problem))
                 raise ConfigError(problem)
             self._wait_for_all(nodes)
+        except RendezvousAuthError as e:
+            self._tell(str(e))
+            self._stay_until_told()
+            raise
         except ConfigError:
             self._stay_until_told()
             raise
         except (RuntimeError, TimeoutError) as e:
             raise RendezvousError(f"lost contact with {self.host}:{self.port} during the node handshake "
                                   f"({e.__class__.__name__}): see the other nodes' output") from e
+
+    def _tell(self, problem: str) -> None:
+        """The other nodes learn there is a stranger at the rendezvous (signed: it is this node that says so)."""
+        try:
+            self.store.compare_set("verdict", "", self._dump("verdict", problem))
+        except (RuntimeError, TimeoutError):
+            pass
 
     def _stay_until_told(self) -> None:
         """The host keeps the store up (a few seconds at most) until every node has read the verdict."""
@@ -224,16 +241,15 @@ class NodeHandshake:
             pass
 
     def _check_in(self, me: Dict[str, Any], same_workers: bool) -> Optional[str]:
-        mine = json.dumps(me)
-        first = json.loads(self.store.compare_set("reference", "", mine))
+        first = self._load_json("reference", self.store.compare_set("reference", "", self._dump("reference", json.dumps(me))))
         if first["token"] != me["token"]:
             if first["nodes"] != me["nodes"] or (same_workers and first["gpus"] != me["gpus"]):
                 return (f"node settings differ: {_who(first)} was started with --nodes {first['nodes']} --gpus "
                         f"{first['gpus']}, {_who(me)} with --nodes {me['nodes']} --gpus {me['gpus']}: "
                         "start every node with the same --nodes and --gpus")
         if self.node_rank is not None:
-            owner = self.store.compare_set(f"rank/{self.node_rank}", "", mine)
-            holder = json.loads(owner)
+            name = f"rank/{self.node_rank}"
+            holder = self._load_json(name, self.store.compare_set(name, "", self._dump(name, json.dumps(me))))
             if holder["token"] != me["token"]:
                 return (f"two nodes use --node-rank {self.node_rank} ({_who(holder)} and {_who(me)}): "
                         "give each machine its own --node-rank in 0..N-1")
@@ -243,7 +259,7 @@ class NodeHandshake:
         deadline = time.monotonic() + self.timeout_s
         while True:
             if self.store.check(["verdict"]):
-                raise ConfigError(self.store.get("verdict").decode())
+                raise ConfigError(self._load("verdict", self.store.get("verdict")).decode())
             arrived = self.store.add("arrivals", 0)
             if arrived >= nodes:
                 return
@@ -261,7 +277,8 @@ class NodeHandshake:
         try:
             if self._slot is None:
                 self._slot = self.store.add("placed", 1)
-            self.store.set(f"placement/{self._slot}", json.dumps(self._record))
+            name = f"placement/{self._slot}"
+            self.store.set(name, self._dump(name, json.dumps(self._record)))
         except (RuntimeError, TimeoutError, AttributeError) as e:
             log.debug(f"publishing this node's placement failed: {e!r}")
 
@@ -278,7 +295,7 @@ class NodeHandshake:
                 self.store.set("collected", "1")
             elif self.is_host:
                 self._wait_key("collected")
-        except (RuntimeError, TimeoutError) as e:
+        except (RuntimeError, TimeoutError, RendezvousAuthError) as e:
             log.debug(f"node list exchange failed: {e!r}")
             return [self._record]  # the other side is gone; report what this node knows
         return sorted(found, key=lambda r: r.get("group_rank", 0))
@@ -289,7 +306,7 @@ class NodeHandshake:
         try:
             placed = min(nodes, self.store.add("placed", 0))
             found = self._collect(placed, FAILED_PLACEMENT_WAIT_S) if placed else []
-        except (RuntimeError, TimeoutError, AttributeError) as e:
+        except (RuntimeError, TimeoutError, AttributeError, RendezvousAuthError) as e:
             log.debug(f"reading the nodes' placements failed: {e!r}")
             found = [self._record] if self._record else []
         return sorted(found, key=lambda r: r.get("group_rank", 0))
@@ -300,7 +317,7 @@ class NodeHandshake:
         # a node takes its index, then writes its record: wait for the records, not the count
         while not self.store.check(keys) and time.monotonic() < deadline:
             time.sleep(POLL_S)
-        return [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
+        return [self._load_json(k, self.store.get(k)) for k in keys if self.store.check([k])]
 
     def _wait_key(self, key: str) -> None:
         deadline = time.monotonic() + PLACEMENT_WAIT_S
@@ -309,6 +326,40 @@ class NodeHandshake:
 
     def close(self) -> None:
         self.store = self._raw = None
+
+    # -- signed values ----------------------------------------------------------------------
+    def _dump(self, name: str, text: str) -> bytes:
+        payload = text.encode()
+        return signing.sign(self.key, self._context(name), payload) if self.key else payload
+
+    def _load(self, name: str, blob: bytes) -> bytes:
+        """A value's payload, verified where this job has a secret; RendezvousAuthError where it is not ours."""
+        if self.key:
+            try:
+                return signing.verify(self.key, self._context(name), blob)
+            except signing.SignatureError as e:
+                raise RendezvousAuthError(self._not_ours(f"is not signed with this job's secret: {e}")) from None
+        if signing.is_signed(blob):
+            raise RendezvousAuthError(self._not_ours("is signed with a secret, and this node was given none"))
+        return bytes(blob)
+
+    def _load_json(self, name: str, blob: bytes) -> Dict[str, Any]:
+        payload = self._load(name, blob)
+        try:
+            found = json.loads(payload)
+        except ValueError:
+            found = None
+        if not isinstance(found, dict):
+            raise RendezvousAuthError(self._not_ours("is not a launcher node's record"))
+        return found
+
+    def _context(self, name: str) -> str:
+        return f"launcher/{self.plan.rdzv_id}/{name}"
+
+    def _not_ours(self, what: str) -> str:
+        return (f"a node handshake value at {self.host}:{self.port} {what} (a node given another secret, another "
+                f"job on the same port, or tampering): give every node the same secret (--rdzv-secret-file or "
+                f"{env.RDZV_SECRET}), or pick another port")
 
 
 def _who(node: Dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from launcher.agent.zygote import Zygote, die_with_parent
 from launcher.backends import local
 from launcher.backends.handshake import (NodeHandshake, choose_interface, describe_nodes, require_free_port,
                                         resolve_or_fail)
+from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict
 from launcher.errors import LauncherError
 from launcher.logs import setup_launcher_logging
@@ -37,7 +38,8 @@ class NodeSession:
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
-        self.handshake = NodeHandshake(plan, plan.node_rank)
+        self.key = rdzv_key(plan)
+        self.handshake = NodeHandshake(plan, plan.node_rank, self.key)
         self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs", on_placement=self.handshake.publish_placement)
         self.node_list: List[Dict[str, Any]] = []
         self.met = False
@@ -53,7 +55,7 @@ class NodeSession:
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
         self.meet()
         local_addr = choose_interface(self.handshake.host, self.handshake.port)
-        results, restarts = run_node(plan, config, self.logs, local_addr)
+        results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key)
         holds_rank0 = first_result(results) is not None
         self.node_list = self.handshake.exchange_placement(plan.nodes, holds_rank0)
         return results, restarts
@@ -91,6 +93,21 @@ class NodeSession:
             return finish(run_dir, full, rank0, status, started, error=error, restarts=restarts)
         summary = build_summary({**full, "status": status, "wall_s": _since(started), "restarts": restarts}, rank0)
         return summary
+
+
+def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:
+    """The job's rendezvous secret (launcher.config.rdzv_secret); without one, a warning that says what is open.
+
+    Simulated nodes all run on this machine, on loopback, and sign nothing.
+    """
+    if plan.mode not in ("static", "c10d"):
+        return None
+    key = read_rdzv_secret(plan.rdzv_secret_file, os.environ)
+    if key is None:
+        log.warning(f"no rendezvous secret: anyone who can reach {plan.rdzv_endpoint} can join this job or read and "
+                    f"rewrite its rendezvous; give every node the same secret with --rdzv-secret-file PATH or "
+                    f"{env.RDZV_SECRET} (README, Security)")
+    return key
 
 
 def check_before_start(plan: LaunchPlan) -> None:

@@ -7,20 +7,25 @@ this node's elastic agent and its --gpus workers; so tasks per node (1) and GPUs
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
+import secrets
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
+from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, to_dict, to_yaml
 from launcher.errors import ConfigError, LaunchError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, write_atomic, write_json
 from launcher.runlock import existing_run
 from launcher.backends.slurm.records import JOB_FILE, wait_for_job
+from launcher.runtime import env
 
 def partition_has_gpus(partition: Optional[str]) -> bool:
     """Whether the partition's nodes offer gres/gpu (sinfo); False where sinfo cannot say."""
@@ -98,9 +103,11 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         return 0
     if (run_dir / "config.yaml").is_file():  # a requeue reuses it; a new submission never does
         raise existing_run(run_dir, cfg.run_id)
+    has_secret = read_rdzv_secret(cfg.rdzv.secret_file, os.environ) is not None  # an unreadable file: named now
     create_run_dir(cfg.output_dir, cfg.run_id)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
-    job = _submit(executor, cfg)
+    with job_secret(has_secret):
+        job = _submit(executor, cfg)
     record = {"job_id": job.job_id, "cluster": "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
               "run_dir": str(run_dir), "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "slurm_folder": str(run_dir / "slurm")}
     write_json(run_dir / JOB_FILE, record)
@@ -109,6 +116,21 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
           f"  follow: python -m launcher status {quoted}   |   python -m launcher logs {quoted} [--rank K]"
           f"   |   python -m launcher cancel {quoted}", flush=True)
     return wait_for_job(run_dir, record) if wait else 0
+
+
+@contextlib.contextmanager
+def job_secret(has_secret: bool) -> Iterator[None]:
+    """A fresh rendezvous secret for the job's tasks, in the environment sbatch passes on (its default,
+    --export=ALL), while it submits: never in the sbatch script, the pickled task or the run directory.
+    A requeue runs in the same environment, so every attempt signs with the same secret."""
+    if has_secret:  # the user's own (--rdzv-secret-file, or LAUNCHER_RDZV_SECRET exported): the tasks read it
+        yield
+        return
+    os.environ[env.RDZV_SECRET] = secrets.token_hex(32)
+    try:
+        yield
+    finally:
+        os.environ.pop(env.RDZV_SECRET, None)
 
 
 def _submit(executor: Any, cfg: Config) -> Any:
