@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from launcher.agent.watchdog import RankBeat, main_thread_frames, stuck_ranks, where
+from launcher.agent.progress import RankBeat, stuck_ranks
+from launcher.agent.stacks import main_thread_frames, where
 from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_summary, wait_gone, worker_processes
 
 pytestmark = pytest.mark.timeout(120)
