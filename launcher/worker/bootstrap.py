@@ -236,7 +236,7 @@ def register_heartbeat(where: "dict | None") -> "str | None":
 _stack_file = None
 
 
-def watch_optimizer_steps(beat: str) -> None:
+def watch_optimizer_steps(beat: str) -> "object | None":
     """Progress without code changes: every optimizer step of any torch.optim optimizer beats, as heartbeat() does.
 
     A global step post-hook (torch.optim.optimizer.register_optimizer_step_post_hook) that touches the
@@ -246,7 +246,7 @@ def watch_optimizer_steps(beat: str) -> None:
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
     except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
-        return
+        return None
     last = [0.0]
     clock, touch = time.monotonic, os.utime
 
@@ -259,7 +259,7 @@ def watch_optimizer_steps(beat: str) -> None:
             except OSError:
                 pass  # the run directory went away: nothing to watch any more
 
-    register_optimizer_step_post_hook(optimizer_stepped)
+    return register_optimizer_step_post_hook(optimizer_stepped)  # its handle (bench/progress_hook.py removes it)
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:
