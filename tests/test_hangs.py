@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import descendants, finish_all, only_run_dir, read_summary, start_launcher, wait_gone
+from tests.helpers import descendants, finish_all, free_port, only_run_dir, read_summary, start_launcher, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_hang.py"
@@ -81,6 +81,24 @@ def test_a_hang_on_node_1_is_named_by_the_launcher(tmp_path):
     assert summary["error"] in out
     for rank in (0, 1):
         assert "most recent call first" in (run_dir / "stacks" / f"rank-{rank}.txt").read_text()
+
+
+def test_a_hang_on_node_1_is_named_on_node_0_across_machines(tmp_path):
+    """Two node agents with their own run directories, as on two machines; rank 1 (node 1) stops."""
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
+    port = free_port()
+    procs = [start_launcher(["--nodes", "2", "--gpus", "1", "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), f"output_dir={tmp_path / f'machine{k}'}",
+                             f"watchdog.timeout_s={TIMEOUT_S}", SCRIPT.name, "--hang", "1", "--at", "8"], tmp_path)
+             for k in (0, 1)]
+    out0, out1 = finish_all(procs, timeout=85)
+    assert [p.returncode for p in procs] == [1, 1], out0 + out1
+    assert "node 1: hang:" in out0 and "rank 1 stuck" in out0 and "sleep_forever (ddp_hang.py:" in out0, out0
+    summary = read_summary(only_run_dir(tmp_path / "machine0"))
+    assert summary["status"] == "hung" and "node 1: hang:" in summary["error"], summary
+    for k in (0, 1):  # each machine's ranks' stacks in its own run directory
+        stacks = only_run_dir(tmp_path / f"machine{k}") / "stacks"
+        assert "most recent call first" in (stacks / f"rank-{k}.txt").read_text()
 
 
 def test_steps_slower_than_the_timeout_are_not_a_hang(tmp_path):
