@@ -33,6 +33,18 @@ class Hardware:
     cuda_devices: int  # CUDA devices torch can see (0 on a CPU box)
     cpu_cores: int  # usable cores for worker threads
     omp_threads_env: Optional[int] = None  # OMP_NUM_THREADS as the user exported it (kept, as torchrun keeps it)
+    exported: Tuple[str, ...] = ()  # which of FLIGHT_RECORDER_ENV the user exported (kept as they are)
+
+
+# NCCL's flight recorder, on for NCCL jobs while the watchdog is on (README, Differences from torchrun):
+# the last collectives of every rank, dumped into <run_dir>/stacks/ on NCCL's timeout or when the
+# watchdog writes to a rank's debug pipe (launcher.agent.stacks). {variable: value, STACKS = that folder}
+FLIGHT_RECORDER_ENV = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "STACKS/nccl-trace-rank-",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "STACKS/nccl-pipe-rank-",
+}
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,9 @@ def worker_env(cfg: Config, run_dir: str, omp: int, hw: Hardware) -> Dict[str, s
         env["OMP_NUM_THREADS"] = str(omp)
     if cfg.watchdog.timeout_s > 0 or cfg.script.path is None:
         env.update({names.RUN_DIR: run_dir, names.WATCHDOG_TIMEOUT_S: f"{cfg.watchdog.timeout_s:g}"})
+    if cfg.watchdog.timeout_s > 0 and hw.cuda_devices > 0:
+        stacks = os.path.join(run_dir, "stacks")
+        env.update({k: v.replace("STACKS", stacks) for k, v in FLIGHT_RECORDER_ENV.items() if k not in hw.exported})
     return env
 
 
@@ -171,4 +186,5 @@ def detect_hardware() -> Hardware:
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     exported = os.environ.get("OMP_NUM_THREADS", "")
-    return Hardware(cuda_devices=cuda, cpu_cores=cores, omp_threads_env=int(exported) if exported.isdigit() and int(exported) > 0 else None)
+    return Hardware(cuda_devices=cuda, cpu_cores=cores, omp_threads_env=int(exported) if exported.isdigit() and int(exported) > 0 else None,
+                    exported=tuple(k for k in FLIGHT_RECORDER_ENV if k in os.environ))

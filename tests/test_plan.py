@@ -81,3 +81,21 @@ def test_launch_config_drops_fields_an_older_torch_lacks():
     assert (older.min_nodes, older.max_nodes) == (1, 2)
     current = launch_config(LaunchConfig, min_nodes=1, max_nodes=1, nproc_per_node=2, shutdown_timeout=10)
     assert current.nproc_per_node == 2 and getattr(current, "shutdown_timeout", 10) == 10
+
+
+def test_nccl_jobs_get_the_flight_recorder_while_the_watchdog_is_on():
+    gpu = Hardware(cuda_devices=2, cpu_cores=16)
+    env = plan_for(["gpus=2"], gpu).worker_env
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/runs/rid/stacks/nccl-trace-rank-"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/tmp/runs/rid/stacks/nccl-pipe-rank-"
+    assert not any(k.startswith("TORCH_NCCL") for k in plan_for(["gpus=2", "watchdog.timeout_s=0"], gpu).worker_env)
+    assert not any(k.startswith("TORCH_NCCL") for k in plan_for(["gpus=2"]).worker_env)  # gloo: no recorder
+    mine = Hardware(cuda_devices=2, cpu_cores=16, exported=("TORCH_NCCL_TRACE_BUFFER_SIZE",))
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in plan_for(["gpus=2"], mine).worker_env  # the user's value stands
+
+
+def test_watchdog_start_timeout_is_validated_with_the_fix():
+    with pytest.raises(ConfigError, match=r"watchdog.start_timeout_s=-5 must be positive .*watchdog.start_timeout_s=600"):
+        load_config(None, ["watchdog.start_timeout_s=-5"])
+    assert load_config(None, []).watchdog.start_timeout_s == 600

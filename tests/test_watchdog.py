@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from launcher.agent.watchdog import RankBeat, main_thread_frames, stuck_ranks, where
+from launcher.agent.progress import RankBeat, stuck_ranks
+from launcher.agent.stacks import main_thread_frames, where
 from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_summary, wait_gone, worker_processes
 
 pytestmark = pytest.mark.timeout(120)
@@ -143,3 +144,22 @@ def test_negative_timeout_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"watchdog.timeout_s=-1 .*0 to disable"):
         load_config(None, ["watchdog.timeout_s=-1"])
     assert load_config(None, ["watchdog.timeout_s=0"]).watchdog.timeout_s == 0
+
+
+def test_a_rank_is_allowed_its_start_up_and_twice_its_slowest_step():
+    from launcher.agent.progress import Progress
+
+    def beat(at):
+        return RankBeat(0, 0, pid=10, thread=1, beat_at=at, started_at=100.0)
+
+    progress = Progress()
+    progress.update([beat(0.0)])
+    assert progress.stuck([beat(0.0)], 3, now=1000.0) == []  # never made progress: not judged
+    progress.update([beat(110.0)])  # start-up 10 s
+    assert progress.of(beat(0)).allowed_s(3) == 10
+    progress.update([beat(116.0)])  # a 6 s step
+    assert progress.of(beat(0)).allowed_s(3) == 12
+    assert progress.stuck([beat(116.0)], 3, now=127.0) == []
+    assert [r.rank for r in progress.stuck([beat(116.0)], 3, now=129.0)] == [0]
+    progress.update([beat(1.0)])  # disarmed (DONE_AT) after its last step: finished, never a hang
+    assert progress.stuck([beat(1.0)], 3, now=1000.0) == [] and progress.never_started([beat(1.0)]) == []

@@ -79,7 +79,8 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     watch = FailureWatch(plan)
     try:
         with agent_installed(job, watch) as agent:
-            results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)())
+            results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)(),
+                                  announce=(plan.node_rank or 0) == 0)
     except ChildFailedError as e:
         raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts) from e
     except signed_rdzv.UnsignedStateError as e:

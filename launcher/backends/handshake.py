@@ -311,6 +311,27 @@ class NodeHandshake:
             found = [self._record] if self._record else []
         return sorted(found, key=lambda r: r.get("group_rank", 0))
 
+    def publish_end(self, node: int, status: str, error: Optional[str]) -> None:
+        """How this node's part ended, for the head node's verdict (a hang on node 1 named on node 0). Never raises."""
+        try:
+            self.store.set(f"end/{node}", self._dump(f"end/{node}", json.dumps({"status": status, "error": error})))
+        except (RuntimeError, TimeoutError, AttributeError) as e:
+            log.debug(f"publishing how this node ended failed: {e!r}")
+
+    def ends(self, nodes: int, me: int, wait_s: float) -> Dict[int, Dict[str, Any]]:
+        """How the other nodes ended, waiting up to wait_s for all of them (a node that vanished never says)."""
+        keys = {k: f"end/{k}" for k in range(nodes) if k != me}
+        deadline = time.monotonic() + wait_s
+        try:
+            if self.store.add("placed", 0) < 2:  # no other node started workers: none has anything to say
+                return {}
+            while not self.store.check(list(keys.values())) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            return {k: self._load_json(key, self.store.get(key)) for k, key in keys.items() if self.store.check([key])}
+        except (RuntimeError, TimeoutError, AttributeError, ValueError, RendezvousAuthError) as e:
+            log.debug(f"reading how the other nodes ended failed: {e!r}")
+            return {}
+
     def _collect(self, nodes: int, wait_s: float) -> List[Dict[str, Any]]:
         keys = [f"placement/{i}" for i in range(1, nodes + 1)]
         deadline = time.monotonic() + wait_s

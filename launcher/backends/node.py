@@ -31,6 +31,8 @@ from launcher.rundir import build_summary, finish, write_json
 from launcher.runtime import env
 
 log = logging.getLogger("launcher")
+HANG_PEERS_S = 30.0  # after a hang here, how long the head waits for the other nodes' watchdogs to say theirs
+OTHERS_END_S = 5.0  # after another failure, how long it waits for the others to say how they ended
 
 
 class NodeSession:
@@ -77,6 +79,7 @@ class NodeSession:
             "status": status, "error": error, "host": socket.gethostname(), "node_rank": group,
             "ranks": placement.get("ranks", []), "restarts": restarts,
         })
+        status, error = self._job_verdict(group, status, error)
         extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend, "rdzv_endpoint": self.plan.rdzv_endpoint}
         if status != "completed" and self.is_head and not self.node_list and self.handshake.store is not None:
             self.node_list = self.handshake.placements_so_far(self.plan.nodes)
@@ -93,6 +96,23 @@ class NodeSession:
             return finish(run_dir, full, rank0, status, started, error=error, restarts=restarts)
         summary = build_summary({**full, "status": status, "wall_s": _since(started), "restarts": restarts}, rank0)
         return summary
+
+    def _job_verdict(self, node: Optional[int], status: str, error: Optional[str]) -> Tuple[str, Optional[str]]:
+        """On the head of a failed job: the other nodes' hang verdicts join its own (each node watches only its
+        ranks, and the rank that hung may be on another machine). The others publish how they ended.
+        A simulated job's supervisor reads every node's record itself (launcher.backends.simulated)."""
+        if status == "completed" or self.plan.mode == "simulated" or self.handshake.store is None or node is None:
+            return status, error
+        if not self.is_head:
+            self.handshake.publish_end(node, status, error)
+            return status, error
+        wait_s = HANG_PEERS_S if status == "hung" else OTHERS_END_S
+        hangs = [f"node {k}: {end['error']}" for k, end in sorted(self.handshake.ends(self.plan.nodes, node, wait_s).items())
+                 if end.get("status") == "hung"]
+        if not hangs:
+            return status, error
+        log.error("other nodes: " + " | ".join(hangs))
+        return "hung", " | ".join([f"node {node}: {error}", *hangs])
 
 
 def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:

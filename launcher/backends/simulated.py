@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from launcher import interrupts
 from launcher.backends.handshake import free_port
 from launcher.config.schema import Config, to_dict
-from launcher.errors import WorkerFailedError
+from launcher.errors import HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, read_json, summary_base
 
@@ -29,6 +29,9 @@ log = logging.getLogger("launcher")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # on each node process's PYTHONPATH
 STOP_GRACE_S = 45.0  # a node's agent may wait 30 s for workers stuck in init (FACTS.md) before it kills them
 POLL_S = 0.2
+# After one node caught a hang, the others get this long to catch theirs (their own ranks' stacks, and the
+# rank that caused it may be theirs) before they are stopped: each node's watchdog judges only its ranks.
+HANG_PEERS_S = 30.0
 
 
 def pick_port() -> int:
@@ -95,6 +98,9 @@ class NodeSupervisor:
             for k, code in enumerate(codes):
                 if code not in (None, 0):
                     self.failed_node = k
+                    if _node_record(Path(self.plan.run_dir), k).get("status") == "hung":
+                        log.info(f"node {k} caught a hang; waiting up to {HANG_PEERS_S:g}s for the other nodes' watchdogs")
+                        self._wait_all(HANG_PEERS_S)
                     log.info(f"node {k} {_how_it_ended(code)}; stopping the other nodes")
                     for proc in self.procs:
                         _stop(proc, signal.SIGTERM)
@@ -151,11 +157,12 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
         finish(run_dir, base, None, "interrupted", started, restarts=restarts)
         log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
         return code
-    error = _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
-    finish(run_dir, base, None, "failed", started, error=error, restarts=restarts)
+    hangs = _hangs(run_dir, plan.nodes)
+    error = hangs or _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
+    finish(run_dir, base, None, "hung" if hangs else "failed", started, error=error, restarts=restarts)
     if code == 2:
         return 2  # the node printed its one-line usage error already
-    raise WorkerFailedError(error)
+    raise (HangError if hangs else WorkerFailedError)(error)
 
 
 def _completed_since(summary_path: Path, started: float) -> bool:
@@ -189,10 +196,21 @@ def _how_it_ended(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
-    path = run_dir / "nodes" / f"node-{node}.json"
+def _node_record(run_dir: Path, node: Optional[int]) -> Dict[str, Any]:
     try:
-        error = read_json(path).get("error")
+        record = read_json(run_dir / "nodes" / f"node-{node}.json")
     except (OSError, ValueError):
-        return None
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
+    error = _node_record(run_dir, node).get("error")
     return f"node {node}: {error}" if error else None
+
+
+def _hangs(run_dir: Path, nodes: int) -> Optional[str]:
+    """Every node's hang verdict, node by node: 'node 0: hang: ... | node 1: hang: ...' (None if no node hung)."""
+    found = [f"node {k}: {_node_record(run_dir, k).get('error')}" for k in range(nodes)
+             if _node_record(run_dir, k).get("status") == "hung"]
+    return " | ".join(found) or None

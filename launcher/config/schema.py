@@ -118,9 +118,13 @@ class LaunchSection:
 
 @dataclass
 class WatchdogConfig:
-    # seconds a rank that has sent a heartbeat may go without one before the job is declared hung
-    # (stacks dumped to stacks/, job stopped, exit 1); 0 disables. Steps beat; so can scripts.
+    # seconds a rank that has made progress (a training step, an optimizer step, heartbeat()) may go
+    # without more before the job is declared hung (stacks dumped to stacks/, job stopped, exit 1);
+    # a rank gets longer when it was slower before: max(timeout_s, 2 x its slowest). 0 disables.
     timeout_s: float = 300.0
+    # seconds a rank may take from its start to its first progress while it sits in
+    # init_process_group (imports, rendezvous and a compile take less); 0 disables
+    start_timeout_s: float = 600.0
 
 
 @dataclass
@@ -281,6 +285,9 @@ def validate(cfg: Config) -> None:
                           "everything must be gone within 15 s of Ctrl-C")
     if cfg.watchdog.timeout_s < 0:
         raise ConfigError(f"watchdog.timeout_s={cfg.watchdog.timeout_s:g} must be positive (or 0 to disable): try watchdog.timeout_s=300")
+    if cfg.watchdog.start_timeout_s < 0:
+        raise ConfigError(f"watchdog.start_timeout_s={cfg.watchdog.start_timeout_s:g} must be positive (or 0 to disable): "
+                          "try watchdog.start_timeout_s=600")
     if cfg.trainer.lr <= 0:
         raise ConfigError(f"trainer.lr={cfg.trainer.lr} must be positive: try trainer.lr=1e-3")
     _one_of(cfg.trainer.strategy, STRATEGIES, "trainer.strategy")

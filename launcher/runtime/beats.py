@@ -8,7 +8,9 @@ heartbeat() only touches the file's mtime, at most every BEAT_INTERVAL_S, so cal
 step costs a clock read. The agent's watchdog (launcher.agent.watchdog) reads the mtimes.
 
 User scripts call ``from launcher import heartbeat; heartbeat()``; outside the launcher (plain
-torchrun, no registration) it does nothing. A rank that never beats is never judged stuck.
+torchrun, no registration) it does nothing. Plain scripts beat without it: the worker bootstrap
+registers a global optimizer-step hook that touches the same file (launcher.worker.bootstrap).
+A rank that never beats is judged only by watchdog.start_timeout_s (launcher.agent.watchdog).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Any, Dict, Optional
 from launcher.runtime import env
 
 BEAT_INTERVAL_S = 0.5  # finer than any sensible timeout, coarse enough to cost nothing per step
+# A beat file's mtime: 0 = registered, never beat; DONE_AT = finished (or tearing down), never judged again.
+# launcher.worker.bootstrap spells both again (it imports nothing of the project).
+DONE_AT = 1.0
 # A real-time signal: SIGUSR1/SIGUSR2 are taken by SLURM and submitit (preemption, requeue).
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
 
@@ -71,12 +76,12 @@ def heartbeat() -> None:
 
 
 def disarm() -> None:
-    """This rank is done (or tearing down): back to never-beat, so slow shutdowns are not hangs."""
+    """This rank is done (or tearing down): marked finished, so slow shutdowns are not hangs."""
     global _path
     if _registered_path() is None:
         return
     try:
-        os.utime(_path, (0, 0))  # type: ignore[arg-type]
+        os.utime(_path, (DONE_AT, DONE_AT))  # type: ignore[arg-type]
     except OSError:
         pass
     _path = None

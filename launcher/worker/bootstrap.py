@@ -38,6 +38,7 @@ MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("_
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 # launcher.runtime.beats reads these: <run_dir>/heartbeats/rank-K and <run_dir>/stacks/rank-K.txt
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
+BEAT_INTERVAL_S, DONE_AT = 0.5, 1.0  # launcher.runtime.beats: beats at most this often; the mtime of "finished"
 MAX_MESSAGE = 1 << 20
 WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
@@ -173,6 +174,8 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))  # read at import, in the zygote: apply it now
     beat = register_heartbeat(spec.get("heartbeat"))
+    if beat and spec["kind"] != "trainer":  # the built-in trainer beats every step itself
+        watch_optimizer_steps(beat)
     status = os.fdopen(status_fd, "w", buffering=1)
     # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
     # their handling of KeyboardInterrupt): a Ctrl-C to the group during this set-up would print this file's
@@ -185,7 +188,7 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     code = run_user_code(spec["kind"], spec["target"], spec["args"], spec.get("error_file"))
     if beat:
         try:
-            os.utime(beat, (0, 0))  # done: a slow exit is no hang for the heartbeat watchdog
+            os.utime(beat, (DONE_AT, DONE_AT))  # done: a slow exit is no hang for the heartbeat watchdog
         except OSError:
             pass
     status.write(f"done {code}\n")
@@ -222,12 +225,41 @@ def register_heartbeat(where: "dict | None") -> "str | None":
     import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
 
     global _stack_file
-    _stack_file = open(stacks, "w")  # kept open: faulthandler writes to its fd
+    # kept open: faulthandler writes to its fd. Appending: the agent empties the file before each dump,
+    # and a plain fd would write the next dump at its old offset, after a run of NUL bytes.
+    _stack_file = open(stacks, "a")
+    _stack_file.truncate(0)
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     return path
 
 
 _stack_file = None
+
+
+def watch_optimizer_steps(beat: str) -> "object | None":
+    """Progress without code changes: every optimizer step of any torch.optim optimizer beats, as heartbeat() does.
+
+    A global step post-hook (torch.optim.optimizer.register_optimizer_step_post_hook) that touches the
+    beat file at most every BEAT_INTERVAL_S: a clock read per step otherwise (bench/progress_hook.py).
+    A forked worker has torch from the zygote; a spawned one imports torch.optim here, as the zygote would.
+    """
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
+        return None
+    last = [0.0]
+    clock, touch = time.monotonic, os.utime
+
+    def optimizer_stepped(optimizer, args, kwargs) -> None:  # noqa: ANN001  (torch's hook signature)
+        now = clock()
+        if now - last[0] >= BEAT_INTERVAL_S:
+            last[0] = now
+            try:
+                touch(beat)
+            except OSError:
+                pass  # the run directory went away: nothing to watch any more
+
+    return register_optimizer_step_post_hook(optimizer_stepped)  # its handle (bench/progress_hook.py removes it)
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:

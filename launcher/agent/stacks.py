@@ -1,0 +1,142 @@
+"""Where a worker is: its Python stacks (the faulthandler dump the bootstrap arms), native stacks
+(py-spy, where installed) and NCCL's flight recorder, collected into <run_dir>/stacks/ on a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Protocol, Tuple
+
+from launcher.runtime.beats import STACK_SIGNAL, stack_file
+
+log = logging.getLogger("launcher")
+
+DUMP_WAIT_S = 3.0  # how long to wait for the ranks' stack dumps to land
+NATIVE_WAIT_S = 15.0  # py-spy --native reads every thread's native stack: seconds per process on a busy box
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+# A rank whose main thread is inside one of these has not finished setting up its process group.
+SETUP_FUNCTIONS = ("init_process_group", "init_device_mesh")
+NCCL_PIPE_PREFIX = "nccl-pipe-rank-"  # launcher.plan sets TORCH_NCCL_DEBUG_INFO_PIPE_FILE to stacks/<this>
+Frames = List[Tuple[str, int, str]]
+
+
+class Worker(Protocol):
+    rank: int
+    pid: int
+    thread: int
+
+
+def main_thread_frames(dump: str, thread: int) -> Frames:
+    """(file, line, function) of one thread in a faulthandler dump, innermost first."""
+    frames: Frames = []
+    inside = False
+    for line in dump.splitlines():
+        header = _THREAD_HEADER.match(line)
+        if header:
+            if inside:
+                break
+            inside = int(header.group(2), 16) == thread
+            continue
+        frame = _FRAME.match(line)
+        if inside and frame:
+            frames.append((frame["file"], int(frame["line"]), frame["func"]))
+    return frames
+
+
+def where(frames: Frames) -> str:
+    """'all_reduce (trainers/train.py:80)': the innermost function, and the innermost line of user code."""
+    if not frames:
+        return "an unknown place (no stack dump)"
+    func = next((f for _, _, f in frames if f in SETUP_FUNCTIONS), frames[0][2])  # set-up: name the call the user made
+    user = next((f for f in frames if not f[0].startswith(_LIBRARY_DIRS)), frames[0])
+    return f"{func} ({_short(user[0])}:{user[1]})"
+
+
+def in_setup(frames: Frames) -> bool:
+    """Whether the main thread is still setting up its process group (init_process_group and below)."""
+    return any(func in SETUP_FUNCTIONS for _, _, func in frames)
+
+
+def _short(path: str) -> str:
+    """A path as the user knows it: relative to the working directory or to the import root it came from."""
+    roots = [os.getcwd()] + sorted((p for p in sys.path if p and os.path.isabs(p)), key=len, reverse=True)
+    for root in roots:
+        if root.rstrip(os.sep) and path.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(path, root)
+    return path
+
+
+def dump_stacks(run_dir: Path, ranks: List[Worker]) -> Dict[int, Frames]:
+    """Signal every rank to dump its Python stacks into stacks/rank-<k>.txt; {rank: its main thread's frames}."""
+    for r in ranks:
+        stack_file(run_dir, r.rank).write_text("")  # only this dump, not an older one
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(r.pid, STACK_SIGNAL)
+    deadline = time.monotonic() + DUMP_WAIT_S
+    frames: Dict[int, Frames] = {}
+    while time.monotonic() < deadline and len(frames) < len(ranks):
+        time.sleep(0.1)
+        for r in ranks:
+            found = main_thread_frames(_read(stack_file(run_dir, r.rank)), r.thread)
+            if found:
+                frames[r.rank] = found
+    return {r.rank: frames.get(r.rank, []) for r in ranks}
+
+
+def py_spy() -> Optional[str]:
+    """py-spy's executable: on PATH, or beside this interpreter (a venv's bin/ that is not on PATH)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def dump_native(run_dir: Path, ranks: List[Worker]) -> Optional[str]:
+    """Native and Python stacks by py-spy into stacks/rank-<k>.native.txt; a line to say when it could not."""
+    exe = py_spy()
+    if exe is None:
+        return "py-spy is not installed: no native stacks (pip install py-spy)"
+    procs = []
+    for r in ranks:
+        out = open(run_dir / "stacks" / f"rank-{r.rank}.native.txt", "w")
+        procs.append((r, out, subprocess.Popen([exe, "dump", "--native", "--pid", str(r.pid)], stdout=out,
+                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
+    deadline = time.monotonic() + NATIVE_WAIT_S
+    failed = []
+    for r, out, proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+        if proc.returncode != 0:
+            failed.append(r.rank)
+    return f"py-spy could not read ranks {failed} (see stacks/rank-<k>.native.txt)" if failed else None
+
+
+def trigger_nccl_dumps(run_dir: Path) -> None:
+    """Ask NCCL's flight recorder in every rank that has one for its trace (a write to its debug pipe)."""
+    for pipe in (run_dir / "stacks").glob(f"{NCCL_PIPE_PREFIX}*.pipe"):
+        with contextlib.suppress(OSError):
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"1\n")
+            finally:
+                os.close(fd)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

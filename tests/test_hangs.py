@@ -1,0 +1,108 @@
+"""Hangs in plain scripts, caught with no code change: the DDP tutorial's shape (tests/scripts/ddp_hang.py),
+which never imports the launcher, judged by its optimizer steps (README: Hangs: the watchdog)."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import descendants, finish_all, free_port, only_run_dir, read_summary, start_launcher, wait_gone
+
+pytestmark = pytest.mark.timeout(90)
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_hang.py"
+TIMEOUT_S = 3
+# After the allowance the verdict states: stack dumps, py-spy, stopping; generous for a loaded 2-core box.
+BOUND_S = 30
+
+
+def launch(tmp_path, args, script_args):
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
+    proc = start_launcher([f"output_dir={tmp_path / 'runs'}", f"watchdog.timeout_s={TIMEOUT_S}", *args,
+                           SCRIPT.name, *script_args], tmp_path)
+    deadline = time.monotonic() + 30
+    workers = []
+    while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
+        time.sleep(0.1)
+        workers = [p for p in descendants(proc.pid) if "bootstrap.py" in " ".join(p.cmdline() or [])]
+    return proc, workers
+
+
+def hang_moment(run_dir: Path, rank: int) -> float:
+    """When the rank said it hangs (its log file's lines carry no clock: the file's first write is close enough)."""
+    return (run_dir / "logs" / f"rank-{rank}.log").stat().st_mtime
+
+
+def check_caught(tmp_path, proc, workers, out, started):
+    assert proc.returncode == 1, out
+    assert wait_gone(workers, timeout=5) == [], "a worker outlived the launcher"
+    run_dir = only_run_dir(tmp_path / "runs")
+    summary = read_summary(run_dir)
+    assert summary["status"] == "hung", summary
+    assert summary["error"].splitlines()[0] in out or summary["error"] in out
+    assert sum(line.count("watchdog: progress = optimizer steps") for line in out.splitlines()) == 1, out
+    for rank in (0, 1):
+        assert "most recent call first" in (run_dir / "stacks" / f"rank-{rank}.txt").read_text()
+        native = run_dir / "stacks" / f"rank-{rank}.native.txt"
+        assert native.exists() and native.stat().st_size > 0, "py-spy (in the venv) left no native stack"
+    return run_dir, summary["error"]
+
+
+def test_a_rank_that_stops_mid_training_is_named(tmp_path):
+    started = time.monotonic()
+    proc, workers = launch(tmp_path, ["--gpus", "2"], ["--hang", "1", "--at", "8"])
+    out, = finish_all([proc], timeout=75)
+    run_dir, error = check_caught(tmp_path, proc, workers, out, started)
+    assert "rank 1 stuck" in error and "sleep_forever (ddp_hang.py:" in error, error
+    allowed = float(error.split("no progress for over ")[1].split("s")[0])
+    assert allowed <= 30, error  # max(timeout, 2 x the start-up and slowest step): a few seconds here
+    assert time.time() - hang_moment(run_dir, 1) < allowed + BOUND_S
+
+
+def test_a_rank_that_never_reaches_init_process_group_is_named(tmp_path):
+    proc, workers = launch(tmp_path, ["--gpus", "2", "watchdog.start_timeout_s=4"], ["--hang", "1", "--at", "0"])
+    out, = finish_all([proc], timeout=75)
+    _, error = check_caught(tmp_path, proc, workers, out, time.monotonic())
+    assert error.startswith("stuck start: no progress within 4s"), error
+    assert "rank 1 in sleep_forever (ddp_hang.py:" in error, error
+    assert "rank 0 in init_process_group (ddp_hang.py:" in error, error
+
+
+def test_a_hang_on_node_1_is_named_by_the_launcher(tmp_path):
+    proc, workers = launch(tmp_path, ["--nodes", "2", "--gpus", "1"], ["--hang", "1", "--at", "8"])
+    out, = finish_all([proc], timeout=85)
+    assert proc.returncode == 1, out
+    assert wait_gone(workers, timeout=5) == [], "a worker outlived the launcher"
+    run_dir = only_run_dir(tmp_path / "runs")
+    summary = read_summary(run_dir)
+    assert summary["status"] == "hung", summary
+    assert "node 1: hang:" in summary["error"] and "rank 1 stuck" in summary["error"], summary["error"]
+    assert "sleep_forever (ddp_hang.py:" in summary["error"]
+    assert summary["error"] in out
+    for rank in (0, 1):
+        assert "most recent call first" in (run_dir / "stacks" / f"rank-{rank}.txt").read_text()
+
+
+def test_a_hang_on_node_1_is_named_on_node_0_across_machines(tmp_path):
+    """Two node agents with their own run directories, as on two machines; rank 1 (node 1) stops."""
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
+    port = free_port()
+    procs = [start_launcher(["--nodes", "2", "--gpus", "1", "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), f"output_dir={tmp_path / f'machine{k}'}",
+                             f"watchdog.timeout_s={TIMEOUT_S}", SCRIPT.name, "--hang", "1", "--at", "8"], tmp_path)
+             for k in (0, 1)]
+    out0, out1 = finish_all(procs, timeout=85)
+    assert [p.returncode for p in procs] == [1, 1], out0 + out1
+    assert "node 1: hang:" in out0 and "rank 1 stuck" in out0 and "sleep_forever (ddp_hang.py:" in out0, out0
+    summary = read_summary(only_run_dir(tmp_path / "machine0"))
+    assert summary["status"] == "hung" and "node 1: hang:" in summary["error"], summary
+    for k in (0, 1):  # each machine's ranks' stacks in its own run directory
+        stacks = only_run_dir(tmp_path / f"machine{k}") / "stacks"
+        assert "most recent call first" in (stacks / f"rank-{k}.txt").read_text()
+
+
+def test_steps_slower_than_the_timeout_are_not_a_hang(tmp_path):
+    proc, _ = launch(tmp_path, ["--gpus", "2", "watchdog.timeout_s=2"], ["--steps", "4", "--step-s", "4"])
+    out, = finish_all([proc], timeout=75)
+    assert proc.returncode == 0, out
+    assert read_summary(only_run_dir(tmp_path / "runs"))["status"] == "completed"
