@@ -17,8 +17,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.checkpoint import Position, Resume, load_latest, restore_rng, save
+from trainers.checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
+from trainers.checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
 from trainers.checkpoint_files import checkpoint_dir
+from trainers.goodput import GoodputClock
 from trainers.stop import STOP, StepSignals
 
 
@@ -37,7 +39,7 @@ class Checkpointer:
     """The loop's checkpoint policy; every method is called by all ranks at the same step."""
 
     def __init__(self, cfg: Any, run_dir: Optional[str], rank: int, world_size: int, device: torch.device,
-                 model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer, clock: Optional[GoodputClock] = None) -> None:
         self.dir = checkpoint_dir(cfg, run_dir)
         self._run_dir = Path(run_dir) if run_dir else None
         self._every_steps = cfg.checkpoint.every_steps
@@ -48,6 +50,12 @@ class Checkpointer:
         self._signals = StepSignals(world_size, device)
         self._last_step = -1
         self._last_at = time.monotonic()
+        self._clock = clock or GoodputClock(None, None, 0, rank)
+        self.is_async = self._async = bool(getattr(cfg.checkpoint, "async_save", False)) and self.dir is not None
+        self._writer = BackgroundWriter()
+        self._group = writer_group() if self._async else None  # collective: every rank builds its Checkpointer
+        self._staged: Any = None  # the async copy, reused by the next save once its write is done
+        self.staged_bytes = 0  # host memory that copy holds: the bound on what async saves add
 
     def resume(self, batches_per_epoch: int) -> Start:
         """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts."""
@@ -82,10 +90,34 @@ class Checkpointer:
     def save(self, position: Position) -> None:
         if self.dir is None or position.step == self._last_step:
             return
-        path = save(self.dir, self._model, self._optimizer, position, self._keep)
+        blocked_from = time.time()
+        if self._async:
+            self._writer.wait()  # at most one write in flight: the previous one first
+            state = self._staged = stage(state_dict(self._model, self._optimizer), self._staged)
+            payload = rank_payload(position)
+            self.staged_bytes = staged_bytes(state)
+            self._clock.blocked(blocked_from, time.time())
+            snapshot = self._clock.snapshot()
+            self._writer.start(lambda: self._written(
+                write(self.dir, state, payload, position, self._keep, self._group), snapshot))
+        else:
+            path = save(self.dir, self._model, self._optimizer, position, self._keep)
+            self._clock.blocked(blocked_from, time.time())
+            self._written(path, self._clock.snapshot())
         self._last_step, self._last_at = position.step, time.monotonic()
+
+    def _written(self, path: Path, snapshot: dict) -> None:
+        """A checkpoint is published: the steps up to it are kept (in the writer's thread for async saves)."""
+        self._clock.keep(snapshot)
         if self._rank == 0:
             print(f"checkpoint saved: {path}", flush=True)
+
+    def finish(self) -> None:
+        """Wait for a save still being written: the last checkpoint is on disk before the worker reports."""
+        if self._writer.in_flight:
+            blocked_from = time.time()
+            self._writer.wait()
+            self._clock.blocked(blocked_from, time.time())
 
     def _wandb_run_id(self) -> Optional[str]:
         """Written into the run directory by the W&B logger, so a resumed run continues the same W&B run."""

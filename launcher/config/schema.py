@@ -82,6 +82,7 @@ class CheckpointConfig:
     keep: int = 3  # keep the newest K checkpoints
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     grace_s: float = 8.0  # after Ctrl-C/SIGTERM, how long workers get to checkpoint before being killed
+    async_save: bool = False  # the loop waits only for a host-memory copy; the write runs in the background
 
 
 @dataclass
