@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -325,3 +326,22 @@ def test_an_async_save_is_the_copy_taken_at_its_step(tmp_path):
     assert ckpt.load_latest(tmp_path, fresh, fresh_opt).position.step == 1
     assert all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
     assert checkpointer.staged_bytes > 0
+
+
+def test_every_steps_auto_times_one_save_and_picks_the_young_daly_interval(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from trainers.checkpoint_interval import young_daly_steps
+    from trainers.checkpointing import PROBE_STEPS, Checkpointer
+
+    assert young_daly_steps(0.08, 0.01, 3600)[0] == 2400  # sqrt(2 x 0.08 x 3600) = 24 s of 10 ms steps
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None, every_steps="auto", every_seconds=0, keep=2,
+                                                     mtbf_s=1e-9, async_save=False))
+    checkpointer = Checkpointer(cfg, str(tmp_path), 0, 1, torch.device("cpu"), *trained(0))
+    for step in range(1, PROBE_STEPS + 4):
+        time.sleep(0.01)  # a step's time
+        checkpointer.after_step(step, 0, step, lambda: 0.5, last=False)
+    out = capsys.readouterr().out
+    assert "checkpoint.every_steps=auto: a save blocks the loop" in out and "= 1 steps (Young/Daly" in out
+    saved = [p.name for p in files.list_checkpoints(tmp_path / "checkpoints")]
+    assert saved == [f"step-{s:08d}" for s in (PROBE_STEPS + 3, PROBE_STEPS + 2)]  # every step from the probe on, keep 2

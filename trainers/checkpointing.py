@@ -15,13 +15,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from trainers.checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
 from trainers.checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
 from trainers.checkpoint_files import checkpoint_dir
+from trainers.checkpoint_interval import young_daly_steps
 from trainers.goodput import GoodputClock
 from trainers.stop import STOP, StepSignals
+
+
+PROBE_STEPS = 10  # every_steps=auto: steps timed before the save whose cost sets the interval
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,10 @@ class Checkpointer:
                  model: torch.nn.Module, optimizer: torch.optim.Optimizer, clock: Optional[GoodputClock] = None) -> None:
         self.dir = checkpoint_dir(cfg, run_dir)
         self._run_dir = Path(run_dir) if run_dir else None
-        self._every_steps = cfg.checkpoint.every_steps
+        self._auto = cfg.checkpoint.every_steps == "auto"
+        self._every_steps = 0 if self._auto else cfg.checkpoint.every_steps
+        self._mtbf_s = getattr(cfg.checkpoint, "mtbf_s", 3600.0)
+        self._probe: Optional[tuple] = None  # every_steps=auto: (first step seen, when) until the probe save
         self._every_s = cfg.checkpoint.every_seconds
         self._keep = cfg.checkpoint.keep
         self._rank = rank
@@ -83,9 +91,29 @@ class Checkpointer:
         if stop or last:
             self._signals.settle()  # the loop ends here: nothing may stay in flight
         step_due = self._every_steps > 0 and step % self._every_steps == 0
-        if stop or time_due or step_due or last:
+        probe_due = self._auto and self._probe_due(step)
+        if stop or time_due or step_due or last or probe_due:
+            started = time.monotonic()
             self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id()))
+            if probe_due:
+                self._choose_interval(step, started, time.monotonic() - started)
         return stop
+
+    def _probe_due(self, step: int) -> bool:
+        """every_steps=auto measures one save after PROBE_STEPS steps (the same step on every rank)."""
+        if self._probe is None:
+            self._probe = (step, time.monotonic())
+        return self._every_steps == 0 and step == self._probe[0] + PROBE_STEPS
+
+    def _choose_interval(self, step: int, save_started: float, save_s: float) -> None:
+        """Rank 0's measurement decides for all ranks (a save is collective: they must agree)."""
+        first, at = self._probe or (step, save_started)
+        chosen = [young_daly_steps(save_s, (save_started - at) / max(1, step - first), self._mtbf_s)]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        self._every_steps, reason = chosen[0]
+        if self._rank == 0:
+            print(f"checkpoint.every_steps=auto: {reason}", flush=True)
 
     def save(self, position: Position) -> None:
         if self.dir is None or position.step == self._last_step:
