@@ -20,11 +20,12 @@ from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan
+from trainers.goodput import format_goodput, job_goodput
 
 SUMMARY_KEYS = (
     "run_id", "status", "world_size", "nodes", "gpus_per_node", "backend", "device_type", "strategy",
     "model", "steps", "global_batch_size", "samples_per_s", "step_time_s_median", "final_loss",
-    "param_checksum", "time_to_first_step_s", "wall_s", "restarts",
+    "param_checksum", "time_to_first_step_s", "wall_s", "restarts", "goodput", "badput_s",
 )
 
 
@@ -137,7 +138,10 @@ def summary_base(cfg: Config, plan: LaunchPlan) -> Dict[str, Any]:
 def finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str, started: float,
            error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
     """Write summary.json: the base fields, how the job ended, its wall time and rank 0's figures."""
-    summary = build_summary({**base, "status": status, "wall_s": time.time() - started, "restarts": restarts}, rank0)
+    ended = time.time()
+    figures = job_goodput(str(run_dir), started, ended, status) if base.get("model") else {}  # the built-in trainer's
+    summary = build_summary({**base, "status": status, "wall_s": ended - started, "restarts": restarts, **figures},
+                            rank0)
     if error:
         summary["error"] = error
     try:
@@ -155,4 +159,6 @@ def one_line_summary(summary: Dict[str, Any], run_dir: Path) -> str:
         parts.append(f"{summary['steps']} steps, loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.0f} samples/s")
     if summary.get("time_to_first_step_s"):
         parts.append(f"first step after {summary['time_to_first_step_s']:.1f}s")
+    if summary.get("goodput") is not None:
+        parts.append(format_goodput(summary))
     return "; ".join(parts) + f"; run directory {run_dir}"

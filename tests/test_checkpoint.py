@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -264,3 +265,83 @@ def test_ranks_agree_on_a_stop_and_a_timed_save_one_step_after_either_rank_asked
     assert seen[0] == seen[1]  # the same decision at the same step on both ranks
     assert [step for step, stop, _ in seen[0] if stop] == [4]  # asked at 3 by rank 1 only
     assert [step for step, _, due in seen[0] if due] == [6]  # due at 5 on rank 0 only
+
+
+def test_killed_during_a_background_write_leaves_the_previous_checkpoint_intact(tmp_path):
+    """A real SIGKILL while an async save of step 20 writes: step 10 stays the newest and loads exactly."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time, torch, torch.distributed as dist
+        from types import SimpleNamespace
+        from trainers import checkpoint as ckpt
+        from trainers.checkpointing import Checkpointer
+        from tests.test_checkpoint import trained
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        model, optimizer = trained(0)
+        cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir={str(tmp_path)!r}, every_steps=10, every_seconds=0,
+                                                         keep=3, async_save=True))
+        checkpointer = Checkpointer(cfg, None, 0, 1, torch.device("cpu"), model, optimizer)
+        checkpointer.after_step(10, 0, 10, lambda: 0.5, last=False)
+        checkpointer.finish()
+        torch.save(model.state_dict(), {str(tmp_path / "at-10.pt")!r})
+        os.environ["LAUNCHER_TEST_SAVE_DELAY_S"] = "30"
+        checkpointer.after_step(20, 0, 20, lambda: 0.5, last=False)  # returns with the write in flight
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # the loop goes on changing the weights the write copied
+        print("training on while the write is in flight", flush=True)
+        while not os.path.isdir({str(tmp_path / ".tmp-step-00000020")!r}):
+            time.sleep(0.01)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=launcher_env(), capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == -9, proc.stderr
+    assert "save of step 20 delayed" in proc.stdout and "training on while" in proc.stdout
+    assert (tmp_path / ".tmp-step-00000020").is_dir() and not (tmp_path / "step-00000020").exists()
+    model, optimizer = trained(1)
+    resumed = ckpt.load_latest(tmp_path, model, optimizer)
+    assert resumed is not None and resumed.position.step == 10
+    expected = torch.load(tmp_path / "at-10.pt", weights_only=True)
+    assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
+
+
+def test_an_async_save_is_the_copy_taken_at_its_step(tmp_path):
+    """Weights changed after an async save returns do not leak into the checkpoint it writes."""
+    from types import SimpleNamespace
+
+    from trainers.checkpointing import Checkpointer
+
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path), every_steps=1, every_seconds=0, keep=3,
+                                                     async_save=True))
+    model, optimizer = trained(0)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    checkpointer = Checkpointer(cfg, None, 0, 1, torch.device("cpu"), model, optimizer)
+    checkpointer.after_step(1, 0, 1, lambda: 0.5, last=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.0)
+    checkpointer.finish()
+    fresh, fresh_opt = trained(1)
+    assert ckpt.load_latest(tmp_path, fresh, fresh_opt).position.step == 1
+    assert all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
+    assert checkpointer.staged_bytes > 0
+
+
+def test_every_steps_auto_times_one_save_and_picks_the_young_daly_interval(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from trainers.checkpoint_interval import young_daly_steps
+    from trainers.checkpointing import PROBE_STEPS, Checkpointer
+
+    assert young_daly_steps(0.08, 0.01, 3600)[0] == 2400  # sqrt(2 x 0.08 x 3600) = 24 s of 10 ms steps
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None, every_steps="auto", every_seconds=0, keep=2,
+                                                     mtbf_s=1e-9, async_save=False))
+    checkpointer = Checkpointer(cfg, str(tmp_path), 0, 1, torch.device("cpu"), *trained(0))
+    for step in range(1, PROBE_STEPS + 4):
+        time.sleep(0.01)  # a step's time
+        checkpointer.after_step(step, 0, step, lambda: 0.5, last=False)
+    out = capsys.readouterr().out
+    assert "checkpoint.every_steps=auto: a save blocks the loop" in out and "= 1 steps (Young/Daly" in out
+    saved = [p.name for p in files.list_checkpoints(tmp_path / "checkpoints")]
+    assert saved == [f"step-{s:08d}" for s in (PROBE_STEPS + 3, PROBE_STEPS + 2)]  # every step from the probe on, keep 2

@@ -90,14 +90,7 @@ def test_a_sigkilled_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
 
 def wait_for_hang(output_dir, timeout=90):
     """The pid of the rank that printed 'injected hang' (it stops there, so the kill lands mid-training)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for log in output_dir.glob("*/logs/rank-1.log"):
-            for line in log.read_text().splitlines():
-                if line.startswith("injected hang"):
-                    return int(line.rsplit("pid ", 1)[1])
-        time.sleep(0.2)
-    raise AssertionError("rank 1 never reached the injected hang")
+    return wait_for_line(output_dir, "injected hang", timeout)
 
 
 def test_resume_command_continues_a_finished_run_in_place(tmp_path, uninterrupted):
@@ -130,3 +123,38 @@ def test_running_a_finished_job_again_repeats_nothing(tmp_path, uninterrupted):
     assert_same_training(summary, uninterrupted)
     manifest = json.loads((out / "reference" / "checkpoints" / f"step-{STEPS:08d}" / "manifest.json").read_text())
     assert manifest["step"] == STEPS and manifest["world_size"] == 2
+
+
+def test_a_kill_during_a_background_write_resumes_from_the_checkpoint_before(tmp_path, uninterrupted):
+    """Async saves: rank 1 is SIGKILLed while its write of step 16 is in flight; step 8 is what resumes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *JOB, "checkpoint.async_save=true", f"output_dir={tmp_path}",
+         "--max-restarts", "1"], cwd=tmp_path,
+        env=launcher_env({"LAUNCHER_TEST_SAVE_DELAY_S": "60,step=16"}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        pid = wait_for_line(tmp_path, "save of step 16 delayed")
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err
+    assert "attempt 0: rank 1 failed: killed by SIGKILL" in err
+    run_dir = only_run_dir(tmp_path)
+    assert "resumed from" in (run_dir / "logs" / "rank-0.attempt-1.log").read_text()
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 8 and summary["checkpoint_async"] is True
+    assert_same_training(summary, uninterrupted)
+
+
+def wait_for_line(output_dir, start, timeout=90):
+    """The pid at the end of the first line of rank 1's log that starts with `start`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in output_dir.glob("*/logs/rank-1.log"):
+            for line in log.read_text().splitlines():
+                if line.startswith(start):
+                    return int(line.rsplit("pid ", 1)[1])
+        time.sleep(0.2)
+    raise AssertionError(f"rank 1 never printed {start!r}")

@@ -12,6 +12,7 @@ whose files match its manifest and sets aside (``corrupt-step-N``) any newer one
 
 API (collective calls: every rank calls them at the same step):
   save(ckpt_dir, model, optimizer, position, keep)  -> the checkpoint directory
+  write(ckpt_dir, state, payload, position, keep)   the same from a copy (trainers.checkpoint_async)
   load_latest(ckpt_dir, model, optimizer)          -> Resume (position, this rank's RNG) or None
 and, for the launcher (no process group, no torch): trainers.checkpoint_files.
 """
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from trainers.checkpoint_files import FORMAT, MANIFEST, file_sha256, latest_valid, list_checkpoints, step_dir
 from trainers.diskspace import DiskFullError, disk_full, free_space, nearly_full
+from trainers.faults import maybe_delay_save
 
 log = logging.getLogger("launcher.checkpoint")
 
@@ -64,27 +66,49 @@ class Resume:
 
 def save(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, position: Position, keep: int) -> Path:
     """Write a checkpoint of `position` atomically; keep the newest `keep`. Collective."""
-    import torch.distributed.checkpoint as dcp
+    return write(ckpt_dir, state_dict(model, optimizer), rank_payload(position), position, keep)
+
+
+def state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """What DCP saves: the model's and the optimizer's state (live tensors: copy them to write later)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def rank_payload(position: Position) -> Dict[str, Any]:
+    """What belongs to this rank alone, captured now: the data position and every RNG state."""
+    return {"position": asdict(position), "rng": capture_rng()}
+
+
+def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], position: Position, keep: int,
+          group: Optional[Any] = None) -> Path:
+    """Write state and this rank's payload as the checkpoint of `position`, atomically. Collective over group.
+
+    group: the process group to meet on (a background writer has its own, so its collectives never
+    interleave with the training loop's); None = the default group.
+    """
+    import torch.distributed.checkpoint as dcp
 
     rank = _rank()
     final, tmp = step_dir(ckpt_dir, position.step), ckpt_dir / f".tmp-step-{position.step:08d}"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a job killed mid-save
         tmp.mkdir(parents=True)
-    _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    _barrier(group)
     try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
-        _save_rank_file(tmp / f"rank-{rank}.pt", {"position": asdict(position), "rng": capture_rng()})
-        _barrier()
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True), process_group=group)
+        _save_rank_file(tmp / f"rank-{rank}.pt", payload)
+        maybe_delay_save(rank, position.step)
+        _barrier(group)
         if rank == 0:
             _publish(tmp, final, position)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         # torch's writer reports ENOSPC as a RuntimeError: judged by the space left, before anyone cleans up
         full, free = disk_full(e) is not None or nearly_full(ckpt_dir), free_space(ckpt_dir)
         if getattr(e, "failures", None) is not None:  # DCP's failures reach every rank together: decide alike
-            _barrier()
+            _barrier(group)
         if not full:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # any rank: the others stop with this one (the agent's doing)
@@ -94,7 +118,7 @@ def save(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimize
                             f"lower checkpoint.keep or point checkpoint.dir elsewhere") from e
     if rank == 0:
         prune(ckpt_dir, keep)
-    _barrier()
+    _barrier(group)
     return final
 
 
@@ -303,9 +327,9 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _barrier() -> None:
+def _barrier(group: Optional[Any] = None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def _fsync_dir(path: Path) -> None:

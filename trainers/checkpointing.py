@@ -15,11 +15,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from trainers.checkpoint import Position, Resume, load_latest, restore_rng, save
+from trainers.checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
+from trainers.checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
 from trainers.checkpoint_files import checkpoint_dir
+from trainers.checkpoint_interval import young_daly_steps
+from trainers.goodput import GoodputClock
 from trainers.stop import STOP, StepSignals
+
+
+PROBE_STEPS = 10  # every_steps=auto: steps timed before the save whose cost sets the interval
 
 
 @dataclass(frozen=True)
@@ -37,10 +44,13 @@ class Checkpointer:
     """The loop's checkpoint policy; every method is called by all ranks at the same step."""
 
     def __init__(self, cfg: Any, run_dir: Optional[str], rank: int, world_size: int, device: torch.device,
-                 model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer, clock: Optional[GoodputClock] = None) -> None:
         self.dir = checkpoint_dir(cfg, run_dir)
         self._run_dir = Path(run_dir) if run_dir else None
-        self._every_steps = cfg.checkpoint.every_steps
+        self._auto = cfg.checkpoint.every_steps == "auto"
+        self._every_steps = 0 if self._auto else cfg.checkpoint.every_steps
+        self._mtbf_s = getattr(cfg.checkpoint, "mtbf_s", 3600.0)
+        self._probe: Optional[tuple] = None  # every_steps=auto: (first step seen, when) until the probe save
         self._every_s = cfg.checkpoint.every_seconds
         self._keep = cfg.checkpoint.keep
         self._rank = rank
@@ -48,6 +58,12 @@ class Checkpointer:
         self._signals = StepSignals(world_size, device)
         self._last_step = -1
         self._last_at = time.monotonic()
+        self._clock = clock or GoodputClock(None, None, 0, rank)
+        self.is_async = self._async = bool(getattr(cfg.checkpoint, "async_save", False)) and self.dir is not None
+        self._writer = BackgroundWriter()
+        self._group = writer_group() if self._async else None  # collective: every rank builds its Checkpointer
+        self._staged: Any = None  # the async copy, reused by the next save once its write is done
+        self.staged_bytes = 0  # host memory that copy holds: the bound on what async saves add
 
     def resume(self, batches_per_epoch: int) -> Start:
         """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts."""
@@ -75,17 +91,61 @@ class Checkpointer:
         if stop or last:
             self._signals.settle()  # the loop ends here: nothing may stay in flight
         step_due = self._every_steps > 0 and step % self._every_steps == 0
-        if stop or time_due or step_due or last:
+        probe_due = self._auto and self._probe_due(step)
+        if stop or time_due or step_due or last or probe_due:
+            started = time.monotonic()
             self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id()))
+            if probe_due:
+                self._choose_interval(step, started, time.monotonic() - started)
         return stop
+
+    def _probe_due(self, step: int) -> bool:
+        """every_steps=auto measures one save after PROBE_STEPS steps (the same step on every rank)."""
+        if self._probe is None:
+            self._probe = (step, time.monotonic())
+        return self._every_steps == 0 and step == self._probe[0] + PROBE_STEPS
+
+    def _choose_interval(self, step: int, save_started: float, save_s: float) -> None:
+        """Rank 0's measurement decides for all ranks (a save is collective: they must agree)."""
+        first, at = self._probe or (step, save_started)
+        chosen = [young_daly_steps(save_s, (save_started - at) / max(1, step - first), self._mtbf_s)]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        self._every_steps, reason = chosen[0]
+        if self._rank == 0:
+            print(f"checkpoint.every_steps=auto: {reason}", flush=True)
 
     def save(self, position: Position) -> None:
         if self.dir is None or position.step == self._last_step:
             return
-        path = save(self.dir, self._model, self._optimizer, position, self._keep)
+        blocked_from = time.time()
+        if self._async:
+            self._writer.wait()  # at most one write in flight: the previous one first
+            state = self._staged = stage(state_dict(self._model, self._optimizer), self._staged)
+            payload = rank_payload(position)
+            self.staged_bytes = staged_bytes(state)
+            self._clock.blocked(blocked_from, time.time())
+            snapshot = self._clock.snapshot()
+            self._writer.start(lambda: self._written(
+                write(self.dir, state, payload, position, self._keep, self._group), snapshot))
+        else:
+            path = save(self.dir, self._model, self._optimizer, position, self._keep)
+            self._clock.blocked(blocked_from, time.time())
+            self._written(path, self._clock.snapshot())
         self._last_step, self._last_at = position.step, time.monotonic()
+
+    def _written(self, path: Path, snapshot: dict) -> None:
+        """A checkpoint is published: the steps up to it are kept (in the writer's thread for async saves)."""
+        self._clock.keep(snapshot)
         if self._rank == 0:
             print(f"checkpoint saved: {path}", flush=True)
+
+    def finish(self) -> None:
+        """Wait for a save still being written: the last checkpoint is on disk before the worker reports."""
+        if self._writer.in_flight:
+            blocked_from = time.time()
+            self._writer.wait()
+            self._clock.blocked(blocked_from, time.time())
 
     def _wandb_run_id(self) -> Optional[str]:
         """Written into the run directory by the W&B logger, so a resumed run continues the same W&B run."""

@@ -1,4 +1,6 @@
-"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang][;...].
+"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang][;...],
+and LAUNCHER_TEST_SAVE_DELAY_S=SECONDS[,step=S]: in restart attempt 0, a checkpoint save (of step S only, if
+given) waits that long with its files written but not yet published, and says so, so a test can kill it mid-write.
 
 At step S of restart attempt A (default 0 only, so a restarted job goes on), rank R raises
 (action=raise, the default) or stops making progress forever (action=hang: it prints a line and
@@ -15,6 +17,7 @@ from typing import Dict, Optional, Union
 from launcher.runtime import env
 
 ENV = env.INJECT_FAULT
+SAVE_DELAY_ENV = env.TEST_SAVE_DELAY_S
 ACTIONS = ("raise", "hang")
 
 
@@ -43,3 +46,15 @@ def maybe_fail(rank: int, step: int, attempt: int, spec: Optional[str] = None) -
         while True:
             time.sleep(3600)
     raise InjectedFault(f"injected fault on rank {rank} at step {step} (attempt {attempt})")
+
+
+def maybe_delay_save(rank: int, step: int) -> None:
+    spec = os.environ.get(SAVE_DELAY_ENV)
+    if not spec:
+        return
+    seconds, *rest = spec.split(",")
+    only = dict(item.split("=", 1) for item in rest if "=" in item).get("step")
+    if (only is not None and int(only) != step) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    print(f"save of step {step} delayed {seconds}s before publishing on rank {rank}, pid {os.getpid()}", flush=True)
+    time.sleep(float(seconds))

@@ -30,6 +30,7 @@ from trainers.dist import DistEnv, init_process_group, pick_device, process_grou
 from trainers.faults import maybe_fail
 from trainers.features_report import FeatureTimes, feature_summary, loader_settings
 from trainers.footprint import PeakMemory, state_bytes
+from trainers.goodput import GoodputClock, job_goodput
 from trainers.inject_hang import maybe_hang
 from trainers.loggers import MetricsLogger, build_loggers, run_dir_from_env
 from trainers.memory import OutOfMemory, memory_stats, oom_message
@@ -80,6 +81,8 @@ class _Run:
     accum: int  # micro-batches per optimizer step
     global_batch: int  # the effective batch of one optimizer step
     memory: PeakMemory
+    clock: GoodputClock  # rank 0's record of where this attempt's time went (trainers.goodput)
+    run_dir: Optional[str]
 
 
 @dataclass
@@ -120,14 +123,17 @@ def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device
     loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed,
                                    **loader_settings(cfg, device, env.rank))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
-    checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer)
+    clock = GoodputClock(run_dir, _launch_started(), env.restart_count, env.rank)
+    checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer, clock)
     start = checkpointer.resume(len(loader))
+    clock.resumed_at(start.step)
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
     comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
     meter = StepMeter(device, env.world_size, cfg.metrics.detailed, comm, compute_dtype=precision.dtype)
     accum = cfg.trainer.grad_accum_steps
     return _Run(model, dataset, precision, auto, layout, loader, sampler, optimizer, checkpointer, start, loggers,
-                meter, accum, global_batch=layout.batch_size * layout.shard_count * accum, memory=PeakMemory(device))
+                meter, accum, global_batch=layout.batch_size * layout.shard_count * accum, memory=PeakMemory(device),
+                clock=clock, run_dir=run_dir)
 
 
 def _announce(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str, run: _Run) -> None:
@@ -150,7 +156,9 @@ def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState
         batch_in_epoch = state.skip
         epoch_batches = open_epoch(run.loader, state.skip, state.rng)
         for micro_batches in grouped_batches(epoch_batches, run.accum):  # one optimizer step's batches
+            run.clock.step_started()
             _train_step(cfg, env, device, run, state, micro_batches)
+            run.clock.step_ended(state.step)
             batch_in_epoch += len(micro_batches)
             heartbeat()
             maybe_hang(env.rank, state.step)
@@ -160,9 +168,19 @@ def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState
             if state.step == cfg.trainer.steps or state.stop:
                 break
         state.epoch, state.skip, state.rng = state.epoch + 1, 0, None
-    if state.in_flight is not None:
-        _log_window(cfg, run, *state.in_flight)
+    run.checkpointer.finish()  # a background save completes before the worker reports or exits
+    if state.in_flight is not None:  # the last record also says where the job's time went so far
+        gathered, record = state.in_flight
+        _log_window(cfg, run, gathered, {**record, **_goodput_so_far(env, run)})
     return state
+
+
+def _goodput_so_far(env: DistEnv, run: _Run) -> Dict[str, Any]:
+    """Rank 0's job-wide goodput up to now; the launcher's summary.json recounts it at the job's end."""
+    started = _launch_started()
+    if env.rank != 0 or started is None:
+        return {}
+    return job_goodput(run.run_dir, started, time.time(), "completed")
 
 
 def _train_step(cfg: Any, env: DistEnv, device: torch.device, run: _Run, state: _LoopState,
@@ -262,6 +280,8 @@ def _finish(cfg: Any, env: DistEnv, device: torch.device, backend: str, run: _Ru
         **_strategy_figures(cfg, run.layout, footprints, samples_per_s, run.memory.kind),
         **figures,
         **feature_summary(cfg, run.layout, run.precision, state.times, state.step_times, median), **run.auto,
+        "checkpoint_async": run.checkpointer.is_async, "checkpoint_staged_bytes": run.checkpointer.staged_bytes,
+        **_goodput_so_far(env, run),
     }
     run.loggers.log_summary(result)
     run.loggers.close()
@@ -297,11 +317,16 @@ def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
     return float(t.item()) / world
 
 
-def _since_launch(at: Optional[float]) -> Optional[float]:
+def _launch_started() -> Optional[float]:
     start = os.environ.get(START_TIME)
-    if at is None or not start:
+    return float(start) if start else None
+
+
+def _since_launch(at: Optional[float]) -> Optional[float]:
+    start = _launch_started()
+    if at is None or start is None:
         return None
-    return at - float(start)
+    return at - start
 
 
 def _record_shard(run_dir: str, rank: int, indices: List[int]) -> None:

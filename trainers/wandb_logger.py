@@ -83,7 +83,8 @@ class WandbLogger:
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         if self._run is not None:
-            self._queue.put(("summary", {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}))
+            flat = {**summary, **{f"{k}/{sub}": v for k, d in summary.items() if isinstance(d, dict) for sub, v in d.items()}}
+            self._queue.put(("summary", {k: v for k, v in flat.items() if isinstance(v, (int, float, str, bool))}))
 
     def _send(self) -> None:
         """The sender thread: hands queued records to wandb in order until close()."""

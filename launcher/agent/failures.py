@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from launcher.plan import LaunchPlan
+from launcher.runtime.env import START_TIME
+from trainers.goodput import record_failure
 
 log = logging.getLogger("launcher")
 
@@ -28,6 +30,9 @@ class FailureWatch:
         self.last: Optional[Dict[int, Any]] = None  # the latest failed attempt's failures, completed
 
     def on_failure(self, failures: Dict[int, Any], worker_group: Any, attempt: int, left: int, resumes: bool) -> None:
+        started = os.environ.get(START_TIME)
+        if started:  # the moment this attempt's failure was seen: the end of its failure detection (trainers.goodput)
+            record_failure(self.plan.run_dir, float(started), attempt)
         self.last = found = with_recorded_errors(failures, self.plan, attempt)
         if left > 0:
             rank, failure = root_cause(found)

@@ -77,11 +77,13 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0  # also save every N steps (0 = off; a save of the default model costs ~0.1 s)
+    every_steps: Union[int, str] = 0  # also save every N steps (0 = off; auto = Young/Daly from the measured save cost and mtbf_s)
+    mtbf_s: float = 3600.0  # expected seconds between failures, for every_steps=auto
     every_seconds: float = 300.0  # save when this long has passed since the last save (0 = off); always at the end and on Ctrl-C/SIGTERM/preemption
     keep: int = 3  # keep the newest K checkpoints
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     grace_s: float = 8.0  # after Ctrl-C/SIGTERM, how long workers get to checkpoint before being killed
+    async_save: bool = False  # the loop waits only for a host-memory copy; the write runs in the background
 
 
 @dataclass
@@ -276,7 +278,13 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
     if cfg.launcher.exit_timeout_s <= 0:
         raise ConfigError(f"launcher.exit_timeout_s={cfg.launcher.exit_timeout_s:g} must be positive: e.g. launcher.exit_timeout_s=60")
-    _at_least(cfg.checkpoint.every_steps, 0, "checkpoint.every_steps")
+    if cfg.checkpoint.every_steps != "auto":
+        if not isinstance(cfg.checkpoint.every_steps, int):
+            raise ConfigError(f"checkpoint.every_steps={cfg.checkpoint.every_steps} is neither a whole number nor auto: "
+                              "try checkpoint.every_steps=100 or checkpoint.every_steps=auto")
+        _at_least(cfg.checkpoint.every_steps, 0, "checkpoint.every_steps")
+    if cfg.checkpoint.mtbf_s <= 0:
+        raise ConfigError(f"checkpoint.mtbf_s={cfg.checkpoint.mtbf_s:g} must be positive: e.g. checkpoint.mtbf_s=3600")
     _at_least(cfg.checkpoint.keep, 1, "checkpoint.keep")
     if cfg.checkpoint.every_seconds < 0:
         raise ConfigError(f"checkpoint.every_seconds={cfg.checkpoint.every_seconds} must be 0 (off) or positive")

@@ -13,6 +13,7 @@ START_TIME = "LAUNCHER_START_TIME"
 INJECT_FAULT = "LAUNCHER_INJECT_FAULT"
 TEST_HANG_RANK = "LAUNCHER_TEST_HANG_RANK"
 TEST_HANG_STEP = "LAUNCHER_TEST_HANG_STEP"
+TEST_SAVE_DELAY_S = "LAUNCHER_TEST_SAVE_DELAY_S"
 # The job's rendezvous secret (README, Security): the node agents sign what they share through the
 # rendezvous store with it. Read by the agent (launcher.config.rdzv_secret) and never passed to a worker.
 RDZV_SECRET = "LAUNCHER_RDZV_SECRET"

@@ -1,0 +1,199 @@
+"""Goodput: the share of wall time spent on steps whose progress was kept, and where the rest went.
+
+Rank 0 of each attempt keeps one small record in <run_dir>/goodput/ (GoodputClock); the agent adds one
+for each failed attempt it saw (record_failure); job_goodput sums one launch's records along a single
+timeline, plus the earlier launches' totals (a resumed or requeued run) from their summary.json.
+Torch-free: the launcher imports it to write summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+# Where wall time goes besides kept steps, in the order the summary lists them.
+CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "recompute", "hang", "shutdown")
+DIR = "goodput"
+RECORD_BYTES = 1024  # a record is rewritten in place, padded to this size: one pwrite per step, no rename
+
+
+def launch_key(started: float) -> str:
+    """Names one launch's records: the launcher's start time (launcher.runtime.env.START_TIME), in ms."""
+    return str(int(started * 1000))
+
+
+class GoodputClock:
+    """The loop's timestamps on rank 0: steps, time blocked by saves, and the last step a checkpoint kept.
+
+    Every rank may call it; only rank 0 of a launch with a run directory records anything.
+    """
+
+    def __init__(self, run_dir: Optional[str], started: Optional[float], attempt: int, rank: int) -> None:
+        self._fd: Optional[int] = None
+        self.first_step_at: Optional[float] = None
+        self.active_until: Optional[float] = None  # the end of the last step or save wait
+        self.step = 0
+        self.start_step = 0
+        self.block_s = 0.0  # seconds the loop waited for checkpoint saves
+        self.kept: Optional[Dict[str, float]] = None  # {step, at, block_s} of the newest published checkpoint
+        if rank == 0 and run_dir and started is not None:
+            path = Path(run_dir) / DIR / f"{launch_key(started)}-attempt-{attempt}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def resumed_at(self, step: int) -> None:
+        self.start_step = self.step = step
+
+    def step_started(self) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+
+    def step_ended(self, step: int) -> None:
+        self.step, self.active_until = step, time.time()
+        self._write()
+
+    def blocked(self, started: float, ended: float) -> None:
+        """The loop waited from started to ended (time.time()) for a checkpoint save."""
+        self.block_s += ended - started
+        self.active_until = max(self.active_until or ended, ended)
+
+    def snapshot(self) -> Dict[str, float]:
+        """What a checkpoint taken now keeps, once it is published (see keep)."""
+        return {"step": self.step, "at": self.active_until or time.time(), "block_s": self.block_s}
+
+    def keep(self, snapshot: Dict[str, float]) -> None:
+        """The checkpoint taken at snapshot is published: the steps up to it are kept."""
+        self.kept = snapshot
+        self._write()
+
+    def record(self) -> Dict[str, Any]:
+        return {"first_step_at": self.first_step_at, "active_until": self.active_until, "start_step": self.start_step,
+                "step": self.step, "block_s": self.block_s, "kept": self.kept}
+
+    def _write(self) -> None:
+        if self._fd is None:
+            return
+        data = json.dumps(self.record()).encode()
+        os.pwrite(self._fd, data.ljust(RECORD_BYTES) if len(data) < RECORD_BYTES else data, 0)
+
+
+def record_failure(run_dir: str, started: float, attempt: int, hang: bool = False) -> None:
+    """The agent saw attempt `attempt` fail now (the first node to see it writes; a record is never replaced)."""
+    path = Path(run_dir) / DIR / f"{launch_key(started)}-failure-{attempt}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        return  # another node's, or a full disk: goodput then counts this gap as restart time
+    with os.fdopen(fd, "w") as f:
+        json.dump({"detected_at": time.time(), "hang": hang}, f)
+
+
+def _read(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads(path.read_bytes().decode().strip() or "null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _attempts(run_dir: Path, key: str, kind: str) -> Dict[int, Dict[str, Any]]:
+    found = {}
+    for path in (run_dir / DIR).glob(f"{key}-{kind}-*.json"):
+        record = _read(path)
+        suffix = path.stem.rsplit("-", 1)[1]
+        if record is not None and suffix.isdigit():
+            found[int(suffix)] = record
+    return found
+
+
+def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], failures: Dict[int, Dict[str, Any]],
+            status: str) -> Dict[str, float]:
+    """Seconds of one launch by cause, plus "good": they add up to ended - started by construction.
+
+    One cursor walks the timeline: before an attempt's first step is start-up (no step yet) or restart;
+    its loop is kept steps, checkpoint waits and steps after its last published checkpoint (recompute:
+    lost, done again); from its last step to the agent seeing it fail is failure detection (hang where the
+    job hung); after the last attempt is shutdown (hang for a hung job).
+    """
+    seconds = {cause: 0.0 for cause in CAUSES}
+    seconds["good"] = 0.0
+    cursor, stepped = started, False
+    last = max(attempts) if attempts else -1
+    for n in sorted(set(attempts) | set(failures)):
+        record = attempts.get(n, {})
+        first, until = record.get("first_step_at"), record.get("active_until")
+        if first is not None and until is not None and first >= cursor:
+            seconds["restart" if stepped else "startup"] += first - cursor
+            stepped = True
+            loop = until - first
+            block = float(record.get("block_s", 0.0))
+            kept = record.get("kept")
+            if n == last and status == "completed":
+                good = loop - block
+            elif kept is not None:
+                good = max(0.0, kept["at"] - first - kept["block_s"])
+            else:
+                good = 0.0
+            seconds["checkpoint"] += block
+            seconds["good"] += good
+            seconds["recompute"] += loop - block - good
+            cursor = until
+        failure = failures.get(n)
+        if failure is not None and failure["detected_at"] >= cursor:
+            hang = failure.get("hang") or (status == "hung" and n == max(failures))  # the watchdog stopped it
+            seconds["hang" if hang else "failure_detection"] += failure["detected_at"] - cursor
+            cursor = failure["detected_at"]
+    tail = max(0.0, ended - cursor)
+    seconds["hang" if status == "hung" else ("shutdown" if stepped else "startup")] += tail
+    return seconds
+
+
+def previous_totals(run_dir: Path, started: float) -> Optional[Dict[str, Any]]:
+    """The goodput figures of the launches before this one in the same run directory (resume, requeue)."""
+    path = run_dir / "summary.json"
+    try:
+        if path.stat().st_mtime >= started:
+            return None  # this launch's own
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or not isinstance(summary.get("badput_s"), dict):
+        return None
+    return summary
+
+
+def job_goodput(run_dir: Optional[str], started: float, ended: float, status: str) -> Dict[str, Any]:
+    """goodput, goodput_s, badput_s by cause and goodput_wall_s, job-wide: this launch and the earlier ones."""
+    if not run_dir:
+        return {}
+    path = Path(run_dir)
+    key = launch_key(started)
+    seconds = account(started, ended, _attempts(path, key, "attempt"), _attempts(path, key, "failure"), status)
+    wall, launches = ended - started, 1
+    previous = previous_totals(path, started)
+    if previous is not None:
+        wall += float(previous.get("goodput_wall_s") or 0.0)
+        launches += int(previous.get("goodput_launches") or 1)
+        seconds["good"] += float(previous.get("goodput_s") or 0.0)
+        for cause in CAUSES:
+            seconds[cause] += float(previous["badput_s"].get(cause) or 0.0)
+    return {
+        "goodput": seconds["good"] / wall if wall > 0 else None,
+        "goodput_s": round(seconds["good"], 4),
+        "badput_s": {cause: round(seconds[cause], 4) for cause in CAUSES},
+        "goodput_wall_s": round(wall, 4),
+        "goodput_launches": launches,
+    }
+
+
+def format_goodput(figures: Dict[str, Any]) -> str:
+    """'goodput 91% (lost: startup 4.1s, restart 2.0s)': the causes that cost anything, largest first."""
+    if figures.get("goodput") is None:
+        return ""
+    lost: List[str] = [f"{cause} {s:.1f}s" for cause, s in sorted(figures["badput_s"].items(), key=lambda kv: -kv[1])
+                       if s >= 0.05]
+    return f"goodput {figures['goodput']:.0%}" + (f" (lost: {', '.join(lost)})" if lost else "")
