@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from trainers.diskspace import DiskFullError, disk_full, free_space
+
 # Where wall time goes besides kept steps, in the order the summary lists them.
 CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "recompute", "hang", "shutdown")
 DIR = "goodput"
@@ -33,6 +35,7 @@ class GoodputClock:
 
     def __init__(self, run_dir: Optional[str], started: Optional[float], attempt: int, rank: int) -> None:
         self._fd: Optional[int] = None
+        self._path: Optional[Path] = None
         self.first_step_at: Optional[float] = None
         self.active_until: Optional[float] = None  # the end of the last step or save wait
         self.step = 0
@@ -42,7 +45,7 @@ class GoodputClock:
         if rank == 0 and run_dir and started is not None:
             path = Path(run_dir) / DIR / f"{launch_key(started)}-attempt-{attempt}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fd, self._path = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path
 
     def resumed_at(self, step: int) -> None:
         self.start_step = self.step = step
@@ -77,7 +80,15 @@ class GoodputClock:
         if self._fd is None:
             return
         data = json.dumps(self.record()).encode()
-        os.pwrite(self._fd, data.ljust(RECORD_BYTES) if len(data) < RECORD_BYTES else data, 0)
+        try:
+            os.pwrite(self._fd, data.ljust(RECORD_BYTES) if len(data) < RECORD_BYTES else data, 0)
+        except OSError as e:
+            if disk_full(e) is None:
+                raise
+            assert self._path is not None
+            raise DiskFullError(e.errno, f"disk full while writing the goodput record {self._path} "
+                                         f"({free_space(self._path.parent)} free there): free space or point "
+                                         "output_dir elsewhere") from None
 
 
 def record_failure(run_dir: str, started: float, attempt: int, hang: bool = False) -> None:
@@ -88,8 +99,11 @@ def record_failure(run_dir: str, started: float, attempt: int, hang: bool = Fals
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError:
         return  # another node's, or a full disk: goodput then counts this gap as restart time
-    with os.fdopen(fd, "w") as f:
-        json.dump({"detected_at": time.time(), "hang": hang}, f)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"detected_at": time.time(), "hang": hang}, f)
+    except OSError:  # a full disk: an empty record reads as none (_read)
+        pass
 
 
 def _read(path: Path) -> Optional[Dict[str, Any]]:
