@@ -51,3 +51,9 @@ def free_space(path: Path) -> str:
             return f"{free:.0f} {unit}" if unit == "bytes" else f"{free:.1f} {unit}"
         free /= 1024
     return ""
+
+
+def full_while_writing(what: str, path: Path, errnum: int) -> DiskFullError:
+    """The one line for a write that ran out of space outside a checkpoint: what, where, how much is left, the fix."""
+    return DiskFullError(errnum, f"disk full while writing {what} {path} ({free_space(path.parent)} free there): "
+                                 "free space or point output_dir elsewhere")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from trainers.diskspace import DiskFullError, disk_full, free_space
+from trainers.diskspace import disk_full, full_while_writing
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
 CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "recompute", "hang", "shutdown")
@@ -86,9 +86,7 @@ class GoodputClock:
             if disk_full(e) is None:
                 raise
             assert self._path is not None
-            raise DiskFullError(e.errno, f"disk full while writing the goodput record {self._path} "
-                                         f"({free_space(self._path.parent)} free there): free space or point "
-                                         "output_dir elsewhere") from None
+            raise full_while_writing("the goodput record", self._path, e.errno) from None
 
 
 def record_failure(run_dir: str, started: float, attempt: int, hang: bool = False) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from launcher.runtime import env
 from launcher.runtime.config import config_record
-from trainers.diskspace import DiskFullError, disk_full, free_space
+from trainers.diskspace import disk_full, full_while_writing
 from trainers.progress import ProgressBar, eta_seconds, format_eta, use_bar
 from trainers.wandb_logger import WandbLogger, wandb_enabled
 
@@ -55,8 +55,7 @@ class JsonlLogger:
             if disk_full(e) is None:
                 raise
             self._full = True
-            raise DiskFullError(e.errno, f"disk full while writing metrics to {self._path} ({free_space(self._path.parent)} "
-                                         "free there): free space or point output_dir elsewhere") from None
+            raise full_while_writing("metrics to", self._path, e.errno) from None
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         pass  # the launcher writes summary.json from rank 0's result
