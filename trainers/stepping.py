@@ -51,6 +51,34 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
+def settle_gradient_buckets(model: nn.Module, batch: Batch, device: torch.device, precision: Precision) -> None:
+    """Give DDP the gradient buckets of its steady state before the first step of this attempt.
+
+    DDP reduces the first step's gradients in one bucket laid out in parameter order, then
+    rebuilds its buckets in the order gradients became ready. Where a value sits in a bucket
+    decides the order in which gloo's and NCCL's rings add the ranks' values, and with three or
+    more ranks that order changes the float result: a job resumed at step k reduced step k in the
+    first-step layout while the uninterrupted job used the rebuilt one, so resumed runs drifted
+    (1e-8 at once, chaotically after). One forward and backward on this attempt's first batch, in
+    eval mode, with the RNG state kept and the gradients dropped, records the ready order; every
+    real step, the first included, then reduces in the rebuilt layout, so a resumed run is bitwise
+    the uninterrupted one at any world size. Other strategies have no buckets to settle.
+    """
+    if not isinstance(model, DistributedDataParallel) or getattr(model, "_has_rebuilt_buckets", True):
+        return
+    was_training = model.training
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        model.eval()
+        try:
+            x, y = batch
+            with precision.autocast():
+                loss = loss_fn(model(x.to(device)), y.to(device))
+            loss.float().backward()
+        finally:
+            model.train(was_training)
+    model.zero_grad(set_to_none=True)
+
+
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: List[Tuple[Batch, float]],
                    device: torch.device, precision: Precision, max_grad_norm: float, meter: Any = None) -> StepResult:
     """``micro_batches``: (batch, seconds waited for it) pairs from trainers.data.grouped_batches.

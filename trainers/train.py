@@ -37,7 +37,7 @@ from trainers.memory import OutOfMemory, memory_stats, oom_message
 from trainers.metrics import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
 from trainers.models import build_model, param_checksum
 from trainers.precision import Precision, resolve_precision
-from trainers.stepping import grad_norm, optimizer_step
+from trainers.stepping import grad_norm, optimizer_step, settle_gradient_buckets
 from trainers.stop import STOP
 from trainers.strategies import STRATEGIES, DataLayout, data_layout
 from trainers.transforms import prepare_model
@@ -156,6 +156,7 @@ def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState
         batch_in_epoch = state.skip
         epoch_batches = open_epoch(run.loader, state.skip, state.rng)
         for micro_batches in grouped_batches(epoch_batches, run.accum):  # one optimizer step's batches
+            settle_gradient_buckets(run.model, micro_batches[0][0], device, run.precision)  # once per attempt
             run.clock.step_started()
             _train_step(cfg, env, device, run, state, micro_batches)
             run.clock.step_ended(state.step)
