@@ -21,6 +21,11 @@ def test_one_timeline_splits_into_causes_that_add_up():
     assert seconds == pytest.approx({"startup": 10.0, "checkpoint": 3.0, "failure_detection": 1.0, "restart": 4.0,
                                      "recompute": 3.5, "hang": 0.0, "shutdown": 1.0, "good": 5.5 + 13.0})
     assert sum(seconds.values()) == pytest.approx(41.0)
+    # attempt 1 dies while starting (no step): its 5 s were restart time, not detection
+    died = account(0.0, 46.0, {0: attempts[0], 2: {**attempts[1], "first_step_at": 30.0}},
+                   {0: {"detected_at": 21.0}, 1: {"detected_at": 26.0}}, "completed")
+    assert died["restart"] == pytest.approx(5.0 + 4.0) and died["failure_detection"] == pytest.approx(1.0)
+    assert sum(died.values()) == pytest.approx(46.0)
     hung = account(0.0, 41.0, {0: attempts[0]}, {0: {"detected_at": 30.0}}, "hung")
     assert hung["hang"] == pytest.approx(21.0) and hung["failure_detection"] == 0.0
 

@@ -72,6 +72,12 @@ class GoodputClock:
         self.kept = snapshot
         self._write()
 
+    def close(self) -> None:
+        """The loop is over: the record is complete (a later write would be a bug, and is dropped)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def record(self) -> Dict[str, Any]:
         return {"first_step_at": self.first_step_at, "active_until": self.active_until, "start_step": self.start_step,
                 "step": self.step, "block_s": self.block_s, "kept": self.kept}
@@ -129,7 +135,8 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
     One cursor walks the timeline: before an attempt's first step is start-up (no step yet) or restart;
     its loop is kept steps, checkpoint waits and steps after its last published checkpoint (recompute:
     lost, done again); from its last step to the agent seeing it fail is failure detection (hang where the
-    job hung); after the last attempt is shutdown (hang for a hung job).
+    job hung), and an attempt that failed before any step lost its whole start (restart, or start-up
+    before the job's first step); after the last attempt is shutdown (hang for a hung job).
     """
     seconds = {cause: 0.0 for cause in CAUSES}
     seconds["good"] = 0.0
@@ -138,7 +145,8 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
     for n in sorted(set(attempts) | set(failures)):
         record = attempts.get(n, {})
         first, until = record.get("first_step_at"), record.get("active_until")
-        if first is not None and until is not None and first >= cursor:
+        ran = first is not None and until is not None and first >= cursor
+        if ran:
             seconds["restart" if stepped else "startup"] += first - cursor
             stepped = True
             loop = until - first
@@ -157,7 +165,9 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
         failure = failures.get(n)
         if failure is not None and failure["detected_at"] >= cursor:
             hang = failure.get("hang") or (status == "hung" and n == max(failures))  # the watchdog stopped it
-            seconds["hang" if hang else "failure_detection"] += failure["detected_at"] - cursor
+            # an attempt that failed before its first step spent its time starting: that start was lost
+            cause = "hang" if hang else ("failure_detection" if ran else ("restart" if stepped else "startup"))
+            seconds[cause] += failure["detected_at"] - cursor
             cursor = failure["detected_at"]
     tail = max(0.0, ended - cursor)
     seconds["hang" if status == "hung" else ("shutdown" if stepped else "startup")] += tail

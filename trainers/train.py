@@ -170,6 +170,7 @@ def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState
                 break
         state.epoch, state.skip, state.rng = state.epoch + 1, 0, None
     run.checkpointer.finish()  # a background save completes before the worker reports or exits
+    run.clock.close()
     if state.in_flight is not None:  # the last record also says where the job's time went so far
         gathered, record = state.in_flight
         _log_window(cfg, run, gathered, {**record, **_goodput_so_far(env, run)})
