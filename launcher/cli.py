@@ -17,7 +17,7 @@ COMMANDS: Dict[str, str] = {
     "cancel": "launcher.backends.slurm.cancel",
     "compare": "launcher.commands.compare",
     "doctor": "launcher.commands.doctor",
-    "logs": "launcher.backends.slurm.logs",
+    "logs": "launcher.commands.logs",
     "ls": "launcher.commands.ls",
     "resume": "launcher.commands.resume",
     "scale": "launcher.commands.scale",

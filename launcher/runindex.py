@@ -156,7 +156,7 @@ def attempts_so_far(run_dir: str) -> int:
     """Restarts of a job still running: rank 0's attempt logs (logs/rank-0.attempt-N.log)."""
     logs = os.path.join(run_dir, "logs")
     try:
-        return sum(1 for name in os.listdir(logs) if name.startswith("rank-0.attempt-"))
+        return sum(1 for name in os.listdir(logs) if name.startswith("rank-0.attempt-") and name.endswith(".log"))
     except OSError:
         return 0
 
