@@ -77,7 +77,9 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
     status = run_status(here, summary, plan, bool(holders))
     kind = "slurm" if job else KIND_BY_MODE.get(str(plan.get("mode")), "local" if plan else "unknown")
     finished = status != "running" and summary
-    started = _mtime(os.path.join(here, "config.yaml")) or _mtime(os.path.join(here, "plan.json")) or _mtime(here)
+    # when it was submitted (SLURM) or last launched (config.yaml is written again by a resume)
+    started = (_mtime(os.path.join(here, "job.json")) or _mtime(os.path.join(here, "config.yaml"))
+               or _mtime(os.path.join(here, "plan.json")) or _mtime(here))
     row: Dict[str, Any] = {
         "run_id": run_dir.name,
         "path": str(run_dir),
@@ -164,8 +166,8 @@ def attempts_so_far(run_dir: str) -> int:
 def next_command(run_dir: str, status: str, kind: str, has_checkpoints: bool) -> str:
     """What to type next: follow a running job, resume a stopped one, read a finished one's logs."""
     where = shlex.quote(run_dir)
-    if kind == "slurm" and status in ("running", "unknown"):
-        return f"python -m launcher status {where}"
+    if kind == "slurm" and status == "unknown":
+        return f"python -m launcher status {where}"  # queued, or lost: only the scheduler knows
     if status == "running":
         return f"python -m launcher logs {where} -f"
     if status in ("failed", "interrupted", "dead") and has_checkpoints:
