@@ -199,3 +199,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, words):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_comparison_is_one_row_with_its_strategy_runs_and_simulated_nodes_are_their_kind(tmp_path):
+    runs = tmp_path / "runs"
+    compared = run_launcher(["compare", "--gpus", "1", "strategies=ddp,fsdp", f"output_dir={runs}", "run_id=cmp",
+                             "trainer.steps=5", *QUICK], cwd=tmp_path, timeout=300)
+    assert compared.returncode == 0, compared.stderr
+    simulated = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={runs}", "run_id=sim", "trainer.steps=5", *QUICK],
+                             cwd=tmp_path, timeout=300)
+    assert simulated.returncode == 0, simulated.stderr
+    rows = ls_json(runs)
+    assert set(rows) == {"compare-cmp", "sim"}
+    group = rows["compare-cmp"]
+    assert (group["kind"], group["status"], group["keys"], group["step"], group["steps"]) == \
+        ("compare", "completed", ["trainer.strategy"], 2, 2)
+    assert [(m["run_id"], m["overrides"], m["status"]) for m in group["members"]] == \
+        [("ddp", {"trainer.strategy": "ddp"}, "completed"), ("fsdp", {"trainer.strategy": "fsdp"}, "completed")]
+    assert (rows["sim"]["kind"], rows["sim"]["status"], rows["sim"]["world_size"]) == ("simulated", "completed", 2)
+    table = run_launcher(["ls", str(runs)], cwd=tmp_path, timeout=60).stdout
+    assert "  ddp [trainer.strategy=ddp]" in table and "2 run(s): 2 completed" in table
