@@ -9,11 +9,13 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.helpers import QUICK, kill_group, run_launcher, start_launcher, wait_gone, group_processes
+from tests.helpers import QUICK, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
 from launcher.commands.ls import filter_rows, parse_since
 from launcher.runindex import list_runs
 
@@ -221,3 +223,17 @@ def test_a_comparison_is_one_row_with_its_strategy_runs_and_simulated_nodes_are_
     assert (rows["sim"]["kind"], rows["sim"]["status"], rows["sim"]["world_size"]) == ("simulated", "completed", 2)
     table = run_launcher(["ls", str(runs)], cwd=tmp_path, timeout=60).stdout
     assert "  ddp [trainer.strategy=ddp]" in table and "2 run(s): 2 completed" in table
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    for i in range(200):
+        make_run(tmp_path / f"r{i:03d}", "completed", step=10)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "ls", str(tmp_path), "--json"], cwd=tmp_path,
+                            env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == b"[\n"
+        proc.stdout.close()  # like `ls --json | head -1`
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
+    finally:
+        kill_group(proc)

@@ -23,7 +23,7 @@ from launcher.errors import ConfigError
 from launcher.rundir import read_json
 from launcher.runindex import is_run_dir
 from launcher.runlock import live_holders
-from launcher.usage import OneLineParser
+from launcher.usage import OneLineParser, reader_went_away
 
 POLL_S = 0.5
 ATTEMPT = re.compile(r"^rank-(\d+)(?:\.attempt-(\d+))?\.log$")
@@ -50,14 +50,16 @@ def main(argv: List[str]) -> int:
         raise ConfigError(f"--grep {args.grep}: not a regular expression ({e}); quote it, or escape special characters with \\") from None
     run_dir = locate_run(args.run, args.output_dir)
     ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, 0 if args.rank is None else args.rank)]
-    out = sys.stdout
     with_prefix = bool(args.all)
-    for line in interleaved(run_dir, ranks, with_prefix, required=not args.follow):
-        if pattern is None or pattern.search(line):
-            out.write(line)
-    out.flush()
-    if args.follow:
-        follow(run_dir, ranks, with_prefix, pattern)
+    try:
+        for line in interleaved(run_dir, ranks, with_prefix, required=not args.follow):
+            if pattern is None or pattern.search(line):
+                sys.stdout.write(line)
+        sys.stdout.flush()
+        if args.follow:
+            follow(run_dir, ranks, with_prefix, pattern)
+    except BrokenPipeError:
+        return reader_went_away()
     return 0
 
 

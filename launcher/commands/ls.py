@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from launcher.errors import ConfigError
 from launcher.runindex import STATUSES, list_runs
-from launcher.usage import OneLineParser
+from launcher.usage import OneLineParser, reader_went_away
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 COLUMNS = ("run", "kind", "status", "step", "samples/s", "goodput", "restarts", "age", "command")
@@ -43,11 +43,15 @@ def main(argv: List[str]) -> int:
     wanted = parse_statuses(args.status) if args.status else None
     since = parse_since(args.since, time.time()) if args.since else None
     rows = filter_rows(list_runs(root), wanted, since)
-    if args.json:
-        json.dump(rows, sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
-    else:
-        print_table(rows)
+    try:
+        if args.json:
+            json.dump(rows, sys.stdout, indent=1, default=str)
+            sys.stdout.write("\n")
+        else:
+            print_table(rows)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_went_away()
     return 0
 
 
