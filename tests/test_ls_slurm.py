@@ -48,3 +48,23 @@ def test_a_slurm_job_is_listed_followed_by_job_id_and_records_its_environment(ru
     assert (row["status"], row["step"], row["steps"]) == ("completed", 300, 300)
     record = json.loads(next((runs / "sj" / "env").glob("*.json")).read_text())
     assert record["env"]["SLURM_JOB_ID"] == str(job_id) and record["torch"]["version"]
+
+
+@pytest.mark.timeout(300)
+def test_ls_slurm_asks_sacct_about_a_job_cancelled_before_it_wrote_anything(runs, slurm_env):
+    submit = run_launcher(["--cluster", "slurm", "--nodes", "1", "--gpus", "1", "slurm.time_min=5", f"output_dir={runs}",
+                           "run_id=gone", "slurm.extra={begin: now+600}", *QUICK], cwd=runs, timeout=120, env=slurm_env)
+    assert submit.returncode == 0, submit.stderr
+    job_id = json.loads((runs / "gone" / "job.json").read_text())["job_id"]
+    row = json.loads(run_launcher(["ls", str(runs), "--json", "--slurm"], cwd=runs, timeout=60, env=slurm_env).stdout)[0]
+    assert (row["status"], row["slurm_state"]) == ("unknown", "PENDING")  # held back by --begin: queued
+    subprocess.run(["scancel", str(job_id)], check=True, timeout=30, env=launcher_env(slurm_env))
+    deadline = time.monotonic() + 60
+    while True:
+        rows = json.loads(run_launcher(["ls", str(runs), "--json", "--slurm"], cwd=runs, timeout=60, env=slurm_env).stdout)
+        if rows[0]["status"] != "unknown" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert (rows[0]["status"], rows[0]["slurm_state"]) == ("interrupted", "CANCELLED")
+    plain = json.loads(run_launcher(["ls", str(runs), "--json"], cwd=runs, timeout=60, env=slurm_env).stdout)[0]
+    assert plain["status"] == "unknown" and "slurm_state" not in plain  # without --slurm, no scheduler call

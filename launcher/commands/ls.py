@@ -19,6 +19,10 @@ from launcher.errors import ConfigError
 from launcher.runindex import STATUSES, list_runs
 from launcher.usage import OneLineParser, reader_went_away
 
+# sacct's final states for a job whose files say nothing (it never started its workers, or died with them)
+SLURM_STATUS = {"COMPLETED": "completed", "CANCELLED": "interrupted", "FAILED": "failed", "TIMEOUT": "failed",
+                "OUT_OF_MEMORY": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
+                "RUNNING": "running"}
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 COLUMNS = ("run", "kind", "status", "step", "samples/s", "goodput", "restarts", "age", "command")
 
@@ -31,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", metavar="S", help=f"only runs with this status: {', '.join(STATUSES)} (comma-separated for several)")
     p.add_argument("--since", metavar="WHEN", help="only runs started since: 30m, 2h, 1d, or an ISO date/time (2026-11-23T10:00)")
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list (the board reads the same)")
+    p.add_argument("--slurm", action="store_true", help="ask SLURM (one sacct call) about SLURM runs whose files "
+                   "cannot tell: queued, or ended without a summary")
     return p
 
 
@@ -42,7 +48,10 @@ def main(argv: List[str]) -> int:
                           f"(`python -m launcher ls DIR`; the default is launcher_runs)")
     wanted = parse_statuses(args.status) if args.status else None
     since = parse_since(args.since, time.time()) if args.since else None
-    rows = filter_rows(list_runs(root), wanted, since)
+    rows = list_runs(root)
+    if args.slurm:
+        ask_slurm(rows)
+    rows = filter_rows(rows, wanted, since)
     try:
         if args.json:
             json.dump(rows, sys.stdout, indent=1, default=str)
@@ -53,6 +62,19 @@ def main(argv: List[str]) -> int:
     except BrokenPipeError:
         return reader_went_away()
     return 0
+
+
+def ask_slurm(rows: List[Dict[str, Any]]) -> None:
+    """Fill in status from sacct for SLURM rows the files leave unknown or dead; adds slurm_state to each."""
+    from launcher.backends.slurm.records import job_states  # only with --slurm: ls itself never asks
+
+    flat = [m for row in rows for m in [row, *(row.get("members") or [])]]
+    asked = [r for r in flat if r.get("slurm_job_id") and r["status"] in ("unknown", "dead")]
+    states = job_states([str(r["slurm_job_id"]) for r in asked]) if asked else {}
+    for row in asked:
+        state = states.get(str(row["slurm_job_id"]), "UNKNOWN")
+        row["slurm_state"] = state
+        row["status"] = SLURM_STATUS.get(state, "unknown")  # PENDING, REQUEUED, ...: it may run yet
 
 
 def parse_statuses(text: str) -> List[str]:
