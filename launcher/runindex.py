@@ -112,9 +112,23 @@ def run_status(run_dir: str, summary: Dict[str, Any], plan: Dict[str, Any], held
     plan_time = _mtime(os.path.join(run_dir, "plan.json"))
     if summary and not (plan_time and summary_time and plan_time > summary_time + 1.0):
         return SUMMARY_STATUS.get(str(summary.get("status")), "unknown")
+    node_end = this_launch_node_end(run_dir, plan_time or 0.0)
+    if node_end:  # one node of a multi-machine job whose summary another node wrote (elsewhere)
+        return SUMMARY_STATUS.get(node_end, "unknown")
     if plan:
         return "dead"  # it started (plan.json) and nobody holds it, but it never wrote how it ended
     return "unknown"  # a SLURM job still queued (or lost): `status RUN` asks the scheduler
+
+
+def this_launch_node_end(run_dir: str, since: float) -> Optional[str]:
+    """How the newest node record (nodes/node-K.json, launcher.backends.node) written since plan.json says it ended."""
+    folder = os.path.join(run_dir, "nodes")
+    try:
+        records = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
+    except OSError:
+        return None
+    fresh = [(mtime, p) for p in records if (mtime := _mtime(p) or 0.0) >= since]
+    return str(_read_json(max(fresh)[1]).get("status")) if fresh else None
 
 
 def target_steps(run_dir: str, summary: Dict[str, Any]) -> Optional[int]:

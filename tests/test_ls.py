@@ -237,3 +237,12 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
         assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
     finally:
         kill_group(proc)
+
+
+def test_a_node_whose_summary_another_node_wrote_ends_as_its_node_record_says(tmp_path):
+    run_dir = tmp_path / "node1-of-2"
+    make_run(run_dir, None, step=20, mode="static")  # no summary.json here: node 0 wrote it on its own machine
+    (run_dir / "nodes").mkdir()
+    (run_dir / "nodes" / "node-1.json").write_text(json.dumps({"status": "completed", "node_rank": 1}))
+    row = list_runs(tmp_path)[0]
+    assert (row["kind"], row["status"]) == ("multinode", "completed")
