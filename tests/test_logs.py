@@ -85,11 +85,14 @@ def test_a_restarted_rank_prints_its_attempts_in_order(tmp_path):
     (["logs", "RUN", "--grep", "("], "--grep (: not a regular expression"),
     (["logs", "RUN", "--rank", "-1"], "--rank -1 is out of range"),
     (["logs", "RUN", "--rank", "1", "--all"], "not allowed with argument"),
+    (["logs", "SWEEP"], "holds several runs (a sweep, compare or scale): pass one of them"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, words):
     run_dir = tmp_path / "r"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "plan.json").write_text('{"world_size": 1, "mode": "single"}')
     (run_dir / "logs" / "rank-0.log").write_text("hello\n")
-    argv = [str(run_dir) if a == "RUN" else a for a in argv]
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text('{"kind": "sweep", "members": []}')
+    argv = [{"RUN": str(run_dir), "SWEEP": str(tmp_path / "sweep")}.get(a, a) for a in argv]
     one_line_error(run_launcher(argv, cwd=tmp_path, timeout=60), words)

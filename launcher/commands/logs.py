@@ -68,6 +68,9 @@ def locate_run(run: str, output_dir: str) -> Path:
     for candidate in (Path(run), Path(output_dir) / run):
         if candidate.is_dir() and is_run_dir(candidate):
             return candidate.resolve()
+        if (candidate / "sweep.json").is_file() or (candidate / "runs").is_dir():
+            raise ConfigError(f"{candidate} holds several runs (a sweep, compare or scale): pass one of them; "
+                              f"`python -m launcher ls {candidate}` lists them")
     if run.isdigit():
         for job_file in sorted(Path(output_dir).glob("*/job.json")):
             if str(read_json(job_file).get("job_id")) == run:
