@@ -16,7 +16,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Pattern, Tuple
+from typing import Dict, Iterator, List, Optional, Pattern, Tuple
 
 from launcher.agent.streams import TIMES_SUFFIX
 from launcher.errors import ConfigError
@@ -51,13 +51,14 @@ def main(argv: List[str]) -> int:
     run_dir = locate_run(args.run, args.output_dir)
     ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, 0 if args.rank is None else args.rank)]
     with_prefix = bool(args.all)
+    printed: Dict[Path, int] = {}  # how far each file was printed: -f goes on from there
     try:
-        for line in interleaved(run_dir, ranks, with_prefix, required=not args.follow):
+        for line in interleaved(run_dir, ranks, with_prefix, printed, following=args.follow):
             if pattern is None or pattern.search(line):
                 sys.stdout.write(line)
         sys.stdout.flush()
         if args.follow:
-            follow(run_dir, ranks, with_prefix, pattern)
+            follow(run_dir, ranks, with_prefix, pattern, printed)
     except BrokenPipeError:
         return reader_went_away()
     return 0
@@ -113,26 +114,33 @@ def rank_files(run_dir: Path, rank: int) -> List[Path]:
     return [path for _, path in sorted(found)]
 
 
-def interleaved(run_dir: Path, ranks: List[int], prefix: bool, required: bool = True) -> Iterator[str]:
-    """Every line of these ranks' logs; with several ranks, merged by arrival time (rank order breaks ties)."""
+def interleaved(run_dir: Path, ranks: List[int], prefix: bool, printed: Dict[Path, int],
+                following: bool = False) -> Iterator[str]:
+    """Every line of these ranks' logs; with several ranks, merged by arrival time (rank order breaks ties).
+
+    printed gets how far each file was read. following: a last line still being written is left to follow()."""
     streams = []
     for rank in ranks:
         files = rank_files(run_dir, rank)
-        if not files and len(ranks) == 1 and required:
+        if not files and len(ranks) == 1 and not following:
             raise ConfigError(no_log_yet(run_dir, rank))
-        streams.append(timed_lines(files, rank, f"[rank{rank}]: " if prefix else ""))
+        streams.append(timed_lines(files, rank, f"[rank{rank}]: " if prefix else "", printed, following))
     for _, _, line in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
         yield line
 
 
-def timed_lines(files: List[Path], rank: int, prefix: str) -> Iterator[Tuple[float, int, str]]:
+def timed_lines(files: List[Path], rank: int, prefix: str, printed: Dict[Path, int],
+                whole_lines: bool) -> Iterator[Tuple[float, int, str]]:
     """(arrival time, rank, line) for each line; a line's time is that of the write its first byte came in."""
     last = 0.0
     for path in files:
         offsets, times = read_times(path)
-        offset = 0
+        offset = printed[path] = 0
         with path.open("rb") as f:
             for raw in f:
+                if whole_lines and not raw.endswith(b"\n"):
+                    break
+                printed[path] = offset + len(raw)
                 i = bisect.bisect_right(offsets, offset) - 1
                 last = max(last, times[i] if i >= 0 else last)  # no times file: keep the order of this rank's lines
                 offset += len(raw)
@@ -157,17 +165,21 @@ def read_times(log: Path) -> Tuple[List[int], List[float]]:
     return offsets, times
 
 
-def follow(run_dir: Path, ranks: List[int], prefix: bool, pattern: Optional[Pattern[str]]) -> None:
-    """Print the lines the logs gain (new attempts' files included) until the run has ended."""
-    positions = {path: path.stat().st_size for rank in ranks for path in rank_files(run_dir, rank)}
-    pending = {path: b"" for path in positions}
+def follow(run_dir: Path, ranks: List[int], prefix: bool, pattern: Optional[Pattern[str]],
+           positions: Dict[Path, int]) -> None:
+    """Print the lines the logs gain past positions (new attempts' files too) until the run has ended."""
+    pending: Dict[Path, bytes] = {}
     while True:
         running = still_running(run_dir)
         for rank in ranks:
             for path in rank_files(run_dir, rank):
+                if _size(path) < positions.get(path, 0):  # a new file of that name (a SLURM requeue moved the old)
+                    positions[path], pending[path] = 0, b""
                 data = _read_from(path, positions.get(path, 0))
                 positions[path] = positions.get(path, 0) + len(data)
                 *lines, pending[path] = (pending.get(path, b"") + data).split(b"\n")
+                if not running and pending[path]:  # the run is over: its last line will not be finished
+                    lines.append(pending.pop(path))
                 for raw in lines:
                     line = (f"[rank{rank}]: " if prefix else "") + raw.decode("utf-8", errors="replace") + "\n"
                     if pattern is None or pattern.search(line):
@@ -197,6 +209,13 @@ def no_log_yet(run_dir: Path, rank: int) -> str:
         return (f"no log for rank {rank} in {run_dir / 'logs'}: the job has not started its workers yet "
                 f"(`python -m launcher status {run_dir}`); SLURM's own output is in {run_dir}/slurm/")
     return f"no log for rank {rank} in {run_dir / 'logs'}: the run has not started its workers (see logs/launcher.log)"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _read_from(path: Path, offset: int) -> bytes:
