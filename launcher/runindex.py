@@ -33,14 +33,13 @@ SCRIPT_PATH = re.compile(r"^script:\n  path: (.*)$", re.M)
 def list_runs(root: Path, now: Optional[float] = None) -> List[Dict[str, Any]]:
     """One row per run, sweep, comparison or scaling sweep directly under root, oldest first.
 
-    A root that is itself a run (or a sweep) lists that one run."""
+    A root that is itself a run (or a sweep, comparison, scaling sweep) lists that one."""
     root = Path(root).resolve()
     now = time.time() if now is None else now
-    if is_run_dir(root) or (root / "sweep.json").is_file():
-        candidates: Iterable[Path] = [root]
-    else:
-        candidates = sorted(p for p in _subdirs(root))
-    rows = [row for row in (read_entry(path, now) for path in candidates) if row is not None]
+    own = read_entry(root, now)
+    if own is not None:
+        return [own]
+    rows = [row for row in (read_entry(path, now) for path in sorted(_subdirs(root))) if row is not None]
     rows.sort(key=lambda r: (r["started"] or 0, r["run_id"]))
     return rows
 

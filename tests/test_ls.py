@@ -246,3 +246,15 @@ def test_a_node_whose_summary_another_node_wrote_ends_as_its_node_record_says(tm
     (run_dir / "nodes" / "node-1.json").write_text(json.dumps({"status": "completed", "node_rank": 1}))
     row = list_runs(tmp_path)[0]
     assert (row["kind"], row["status"]) == ("multinode", "completed")
+
+
+def test_ls_of_one_run_or_one_comparison_folder_lists_just_that(tmp_path):
+    group = tmp_path / "compare-x"
+    make_run(group / "runs" / "ddp", "completed", step=100)
+    make_run(group / "runs" / "fsdp", "failed", step=10)
+    (group / "logs").mkdir()
+    (group / "compare.json").write_text("{}")
+    rows = list_runs(group)
+    assert [(r["run_id"], r["kind"], r["status"]) for r in rows] == [("compare-x", "compare", "completed")]
+    assert [(m["run_id"], m["status"]) for m in rows[0]["members"]] == [("ddp", "completed"), ("fsdp", "failed")]
+    assert [r["run_id"] for r in list_runs(group / "runs" / "fsdp")] == ["fsdp"]
