@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
+from tests.helpers import QUICK, free_port, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
 from launcher.commands.ls import filter_rows, parse_since
 from launcher.runindex import list_runs
 
@@ -258,3 +258,24 @@ def test_ls_of_one_run_or_one_comparison_folder_lists_just_that(tmp_path):
     assert [(r["run_id"], r["kind"], r["status"]) for r in rows] == [("compare-x", "compare", "completed")]
     assert [(m["run_id"], m["status"]) for m in rows[0]["members"]] == [("ddp", "completed"), ("fsdp", "failed")]
     assert [r["run_id"] for r in list_runs(group / "runs" / "fsdp")] == ["fsdp"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_node_launchers_on_one_run_are_one_multinode_row_running_then_completed(tmp_path):
+    runs, port = tmp_path / "runs", free_port()
+    common = ["--nodes", "2", "--gpus", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              f"output_dir={runs}", "run_id=mn", "trainer.steps=1500", "trainer.log_every=50", *QUICK]
+    nodes = [start_launcher(["--node-rank", str(rank), *common], cwd=tmp_path) for rank in (0, 1)]
+    try:
+        metrics = runs / "mn" / "metrics.jsonl"
+        wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, 180, nodes[0], "the first logged step")
+        row = ls_json(runs)["mn"]
+        assert all(node.poll() is None for node in nodes), "the job ended before ls looked: raise trainer.steps"
+        assert (row["kind"], row["status"], len(row["holders"])) == ("multinode", "running", 2)
+        assert [node.wait(timeout=300) for node in nodes] == [0, 0]
+    finally:
+        for node in nodes:
+            kill_group(node)
+    row = ls_json(runs)["mn"]
+    assert (row["kind"], row["status"], row["step"], row["steps"], row["world_size"]) == ("multinode", "completed", 1500, 1500, 2)
