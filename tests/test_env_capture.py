@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from launcher.config.secrets import redact_text
-from launcher.provenance.capture import distributed_env
+from launcher.provenance.capture import distributed_env, git_facts, script_facts
 from tests.helpers import run_launcher
 
 SECRETS = {"NCCL_IB_HCA": "hf_abcdefghijklmnopqrstuvwxyz0123", "TORCH_HUB_TOKEN": "plain-but-named-secret-4711",
@@ -71,3 +71,14 @@ def test_a_diff_keeps_commit_ids_and_loses_tokens():
             "index cf30153c4c131c8164ee7798e5022d810682e2cb\n")
     assert redact_text(text) == ("+API_KEY = '<redacted>'\n+password: <redacted>\n+monkey = 4\n+x = '<redacted>'\n"
                                  "index cf30153c4c131c8164ee7798e5022d810682e2cb\n")
+
+
+def test_a_module_is_found_and_hashed_without_importing_it_and_no_repo_is_said_plainly(tmp_path, monkeypatch):
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise SystemExit('imported!')\n")  # importing it would end the test
+    (package / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    facts = script_facts("mypkg.train", module=True)
+    assert facts["sha256"] == hashlib.sha256(b"print('hi')\n").hexdigest() and facts["kind"] == "module"
+    assert git_facts(tmp_path)["repo"] is None and "not in a git repository" in git_facts(tmp_path)["note"]
