@@ -21,7 +21,7 @@ while not go.exists():
 for turn in range(4):
     if turn % 2 == rank:
         print(f"turn {turn} by rank {rank}", flush=True)
-    time.sleep(0.5)
+    time.sleep(1.0)  # far apart, so that even a loaded machine writes the turns in turn
 """
 
 

@@ -167,27 +167,42 @@ def read_times(log: Path) -> Tuple[List[int], List[float]]:
 
 def follow(run_dir: Path, ranks: List[int], prefix: bool, pattern: Optional[Pattern[str]],
            positions: Dict[Path, int]) -> None:
-    """Print the lines the logs gain past positions (new attempts' files too) until the run has ended."""
-    pending: Dict[Path, bytes] = {}
+    """Print the lines the logs gain past positions (new attempts' files too) until the run has ended;
+    each poll's new lines from several ranks in the order they arrived."""
     while True:
         running = still_running(run_dir)
+        fresh: List[Tuple[float, int, str]] = []
         for rank in ranks:
             for path in rank_files(run_dir, rank):
-                if _size(path) < positions.get(path, 0):  # a new file of that name (a SLURM requeue moved the old)
-                    positions[path], pending[path] = 0, b""
-                data = _read_from(path, positions.get(path, 0))
-                positions[path] = positions.get(path, 0) + len(data)
-                *lines, pending[path] = (pending.get(path, b"") + data).split(b"\n")
-                if not running and pending[path]:  # the run is over: its last line will not be finished
-                    lines.append(pending.pop(path))
-                for raw in lines:
-                    line = (f"[rank{rank}]: " if prefix else "") + raw.decode("utf-8", errors="replace") + "\n"
-                    if pattern is None or pattern.search(line):
-                        sys.stdout.write(line)
+                fresh += new_lines(path, rank, f"[rank{rank}]: " if prefix else "", positions, finished=not running)
+        fresh.sort(key=lambda item: (item[0], item[1]))  # stable: a rank's own lines keep their order
+        for _, _, line in fresh:
+            if pattern is None or pattern.search(line):
+                sys.stdout.write(line)
         sys.stdout.flush()
         if not running:
             return
         time.sleep(POLL_S)
+
+
+def new_lines(path: Path, rank: int, prefix: str, positions: Dict[Path, int],
+              finished: bool) -> List[Tuple[float, int, str]]:
+    """The whole lines path gained since positions[path] (and, once the run is over, an unfinished last one)."""
+    start = positions.get(path, 0)
+    if _size(path) < start:  # a new file of that name (a SLURM requeue moved the old one away)
+        start = 0
+    data = _read_from(path, start)
+    offsets, times = read_times(path)
+    found, offset = [], start
+    *whole, rest = data.split(b"\n")
+    lines = [line + b"\n" for line in whole] + ([rest] if rest and finished else [])  # rest: still being written
+    for raw in lines:
+        i = bisect.bisect_right(offsets, offset) - 1
+        text = raw.decode("utf-8", errors="replace")
+        found.append((times[i] if i >= 0 else 0.0, rank, prefix + text + ("" if text.endswith("\n") else "\n")))
+        offset += len(raw)
+    positions[path] = offset
+    return found
 
 
 def still_running(run_dir: Path) -> bool:
