@@ -56,7 +56,12 @@ def test_ls_slurm_asks_sacct_about_a_job_cancelled_before_it_wrote_anything(runs
                            "run_id=gone", "slurm.extra={begin: now+600}", *QUICK], cwd=runs, timeout=120, env=slurm_env)
     assert submit.returncode == 0, submit.stderr
     job_id = json.loads((runs / "gone" / "job.json").read_text())["job_id"]
-    row = json.loads(run_launcher(["ls", str(runs), "--json", "--slurm"], cwd=runs, timeout=60, env=slurm_env).stdout)[0]
+    deadline = time.monotonic() + 60
+    while True:  # sacct knows a job once slurmdbd has recorded it, a few seconds after submission
+        row = json.loads(run_launcher(["ls", str(runs), "--json", "--slurm"], cwd=runs, timeout=60, env=slurm_env).stdout)[0]
+        if row["slurm_state"] != "UNKNOWN" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert (row["status"], row["slurm_state"]) == ("unknown", "PENDING")  # held back by --begin: queued
     subprocess.run(["scancel", str(job_id)], check=True, timeout=30, env=launcher_env(slurm_env))
     deadline = time.monotonic() + 60
