@@ -8,6 +8,7 @@ OneLineParser, and `compare` and `doctor --comm` reuse the run command's parser.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -149,6 +150,13 @@ def script_spec(args: argparse.Namespace, script: List[str]) -> Optional[Tuple[s
     if script:
         return script[0], False, script[1:]
     return None
+
+
+def reader_went_away() -> int:
+    """Our stdout's reader closed it (`ls | head`): stop quietly, exit 0, as Unix tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not raise again
+    return 0
 
 
 def with_error_contract(call: Callable[[], int]) -> int:

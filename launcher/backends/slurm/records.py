@@ -73,6 +73,17 @@ def job_state(job_id: str) -> str:
     return lines[-1] if lines else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
 
 
+def job_states(job_ids: List[str]) -> Dict[str, str]:
+    """Several jobs' current states in one sacct call (a requeued job's latest record wins)."""
+    out = _slurm(["sacct", "-j", ",".join(job_ids), "-X", "-n", "-P", "-o", "JobIDRaw,State"])
+    states: Dict[str, str] = {}
+    for line in out.splitlines():
+        job, _, state = line.partition("|")
+        if job.strip() and state.strip():
+            states[job.strip()] = state.split()[0]
+    return states
+
+
 def cancel_job(job_id: str) -> None:
     _slurm(["scancel", str(job_id)])
 
