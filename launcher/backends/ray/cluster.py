@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -39,6 +40,7 @@ def cluster_address(cfg: Config, environ: Dict[str, str] = dict(os.environ)) -> 
 def connect(address: str) -> Any:
     """ray.init on an existing cluster (never a new local one); one line when there is none at the address."""
     ray = import_ray()
+    check_reachable(address)
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
                  include_dashboard=False, namespace="launcher")
@@ -47,6 +49,18 @@ def connect(address: str) -> Any:
         raise ConfigError(f"no Ray cluster at ray.address={address} ({first}): start one with "
                           "`ray start --head`, or fix ray.address / RAY_ADDRESS") from e
     return ray
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """HOST:PORT answers TCP: ray.init would retry a dead address for minutes before saying so."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # `auto`, ray://...: ray.init resolves those itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"no Ray cluster at ray.address={address} ({e.strerror or e.__class__.__name__}): start one "
+                          "with `ray start --head`, or fix ray.address / RAY_ADDRESS") from e
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ class RayJob:
                 name = f"launcher-{self.cfg.run_id}-{attempt}"
                 self.group = cluster.place(self.ray, self.cfg, name, bundles)
                 placement = cluster.where(self.ray, self.group, name)
-                update_job(self.run_dir, {"state": "RUNNING", "attempt": attempt, **placement.to_dict()})
+                update_job(self.run_dir, {"state": "RUNNING", "attempt": attempt, **placement.to_dict(),
+                                          "driver_ray_node_id": self.ray.get_runtime_context().get_node_id()})
                 log.info(f"Ray placement group {name}: " + ", ".join(
                     f"node {k} on {ip}" for k, ip in enumerate(placement.ips)))
                 outcome = self.attempt(placement, attempt)
@@ -82,6 +83,7 @@ class RayJob:
         runner = remote_class(self.ray)
         self.actors = [runner.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=k),
+            name=f"{placement.group_name}-node-{k}",  # named: `ray list actors` and tests see whose it is
             runtime_env={"env_vars": {"PYTHONPATH": root}}).remote(root) for k in range(self.cfg.nodes)]
         master_addr, master_port = self.ray.get(self.actors[0].address.remote(), timeout=self.cfg.ray.placement_timeout_s + 60)
         config = to_dict(self.cfg)

@@ -13,6 +13,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Dict
 
@@ -71,11 +72,28 @@ def drive_here(cfg: Config, run_dir: Path) -> int:
 
     setup_launcher_logging(None)
     update_job(run_dir, {"driver_pid": os.getpid()})
-    code = RayJob(cfg, run_dir, job_secret(cfg)).run()
+    done = threading.Event()
+    follower = threading.Thread(target=follow_rank0, args=(run_dir, done), daemon=True)
+    follower.start()
+    try:
+        code = RayJob(cfg, run_dir, job_secret(cfg)).run()
+    finally:
+        done.set()
+        follower.join(timeout=5)
     job = json.loads((run_dir / JOB_FILE).read_text())
     print(f"[launcher] {outcome_line(run_dir, job, job.get('state', '?'))}", file=sys.stderr, flush=True)
     print(f"[launcher] run directory {run_dir}", file=sys.stderr, flush=True)
     return code
+
+
+def follow_rank0(run_dir: Path, done: threading.Event) -> None:
+    """--wait shows rank 0's log as it grows, as a SLURM --wait does."""
+    from launcher.backends.slurm.records import LogFollower, rank_log
+
+    follower = LogFollower(rank_log(run_dir, 0))
+    while not done.wait(1.0):
+        follower.poll()
+    follower.poll()
 
 
 def start_driver(cfg: Config, run_dir: Path) -> int:
