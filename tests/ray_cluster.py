@@ -41,6 +41,10 @@ def ray_or_skip() -> None:
         pytest.skip("ray is not installed (pip install -e .[ray])")
 
 
+class NodeStartFailed(Exception):
+    """A `ray start` of a non-head node gave up (it is started again)."""
+
+
 class RayDevCluster:
     def __init__(self, root: Path, nodes: int) -> None:
         self.root, self.count = root, nodes
@@ -60,19 +64,22 @@ class RayDevCluster:
                 f"--ray-client-server-port={free_port()}",
                 f"--temp-dir={self.temp}", *common]
         self._spawn(head, "head")
-        for k in range(1, self.count):
-            self._wait_nodes(k, timeout)
-            self._spawn([ray_bin, "start", f"--address={self.address}", *common], f"node{k}")
-        self._wait_nodes(self.count, timeout)
+        self._wait_nodes(1, timeout)
+        self.grow_to(self.count, timeout)
         return self
 
     def grow_to(self, count: int, timeout: float = 180) -> None:
         """Start nodes until count are alive (a test that killed one leaves the next a whole cluster)."""
-        alive = sum(n["alive"] for n in self.query()["nodes"])
-        for _ in range(count - alive):
-            self._spawn([str(Path(sys.executable).parent / "ray"), "start", f"--address={self.address}", *self.common],
-                        f"node{len(self.procs)}")
-        self._wait_nodes(count, timeout)
+        for attempt in range(3):  # `ray start` gives a node 30 s to register, which a loaded machine can miss
+            SESSION_PIDS.difference_update(p.pid for p in self.procs if p.poll() is not None)  # nodes killed or failed
+            alive = sum(n["alive"] for n in self.query()["nodes"])
+            for _ in range(count - alive):
+                self._spawn([str(Path(sys.executable).parent / "ray"), "start", f"--address={self.address}", *self.common],
+                            f"node{len(self.procs)}")
+            try:
+                return self._wait_nodes(count, timeout, give_up_early=attempt < 2)
+            except NodeStartFailed:
+                continue
 
     def _spawn(self, argv: List[str], name: str) -> None:
         out = open(self.root / f"{name}.out", "ab")
@@ -87,10 +94,12 @@ class RayDevCluster:
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def _wait_nodes(self, count: int, timeout: float) -> None:
+    def _wait_nodes(self, count: int, timeout: float, give_up_early: bool = False) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.procs[0].poll() is None, f"the head's ray start ended early: see {self.root}/head.out"
+            if give_up_early and any(p.poll() is not None for p in self.procs[1:] if p.pid in SESSION_PIDS):
+                raise NodeStartFailed()
             try:
                 if sum(n["alive"] for n in self.query()["nodes"]) >= count:
                     return

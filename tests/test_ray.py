@@ -110,7 +110,7 @@ def test_dry_run_prints_the_placement_and_each_nodes_command_and_starts_nothing(
     done = run_launcher(["--cluster", "ray", "--nodes", "2", "--gpus", "3", "--dry-run", "ray.address=10.0.0.1:6379",
                          f"output_dir={tmp_path / 'runs'}", *QUICK], cwd=tmp_path, timeout=60, env={"RAY_ADDRESS": ""})
     assert done.returncode == 0, done.stderr
-    assert "STRICT_SPREAD, 2 bundle(s) of {'CPU': 3.0}" in done.stdout
+    assert "STRICT_SPREAD, 2 bundle(s) of {'CPU': 3.0, 'GPU': 3.0} (GPU only where the cluster has GPUs" in done.stdout
     assert "node 1 (ranks 3-5)" in done.stdout and "--node-rank 1" in done.stdout
     assert not (tmp_path / "runs").exists()
 

@@ -45,10 +45,14 @@ class RayJob:
         self.ray: Any = None
         self.group: Any = None
         self.actors: List[Any] = []
-        self.stopping = False
+        self.stop_signal: Optional[int] = None
 
     def run(self) -> int:
         self.ray = cluster.connect(cluster.cluster_address(self.cfg))
+        # after ray.init, which sets its own SIGTERM handler (sys.exit): Ctrl-C, and SIGTERM from `cancel`,
+        # are passed on to the node agents, which stop their workers and record the end
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda got, _frame: setattr(self, "stop_signal", got))
         try:
             gpus = cluster.gpus_to_request(self.cfg, self.ray)
             bundles = [cluster.bundle(self.cfg, gpus)] * self.cfg.nodes
@@ -100,21 +104,16 @@ class RayJob:
         codes: Dict[int, Optional[int]] = {}
         pending, first_end, interrupted = list(refs), None, False
         while pending:
-            try:
-                ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=1.0)
-            except KeyboardInterrupt:
-                interrupted = True
-                self.stop_agents(signal.SIGINT)
-                continue
+            ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=1.0)
             for ref in ready:
                 k = refs.index(ref)
                 try:
                     codes[k] = int(self.ray.get(ref))
                 except RayActorError:
                     codes[k] = None
-            if self.stopping and not interrupted:
+            if self.stop_signal is not None and not interrupted:
                 interrupted = True
-                self.stop_agents(signal.SIGTERM)
+                self.stop_agents(self.stop_signal)
             if first_end is None and any(c != 0 for c in codes.values()):
                 first_end = time.monotonic()
                 if pending:  # the others may be losing a dead peer: stop them so they end now
@@ -194,7 +193,6 @@ def main(argv: List[str]) -> int:
     cfg = from_dict(json.loads(sys.stdin.read()))
     setup_launcher_logging(run_dir / "logs" / "ray-driver.log")
     job = RayJob(cfg, run_dir, job_secret(cfg))
-    signal.signal(signal.SIGTERM, lambda *_: setattr(job, "stopping", True))
     try:
         return job.run()
     except ConfigError as e:
