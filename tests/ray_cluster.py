@@ -41,10 +41,6 @@ def ray_or_skip() -> None:
         pytest.skip("ray is not installed (pip install -e .[ray])")
 
 
-class NodeStartFailed(Exception):
-    """A `ray start` of a non-head node gave up (it is started again)."""
-
-
 class RayDevCluster:
     def __init__(self, root: Path, nodes: int) -> None:
         self.root, self.count = root, nodes
@@ -64,22 +60,35 @@ class RayDevCluster:
                 f"--ray-client-server-port={free_port()}",
                 f"--temp-dir={self.temp}", *common]
         self._spawn(head, "head")
-        self._wait_nodes(1, timeout)
+        assert self._wait_started(self.procs[0], "head", timeout), f"the Ray head did not start: see {self.root}/head.out"
         self.grow_to(self.count, timeout)
         return self
 
-    def grow_to(self, count: int, timeout: float = 180) -> None:
-        """Start nodes until count are alive (a test that killed one leaves the next a whole cluster)."""
-        for attempt in range(3):  # `ray start` gives a node 30 s to register, which a loaded machine can miss
-            SESSION_PIDS.difference_update(p.pid for p in self.procs if p.poll() is not None)  # nodes killed or failed
-            alive = sum(n["alive"] for n in self.query()["nodes"])
-            for _ in range(count - alive):
-                self._spawn([str(Path(sys.executable).parent / "ray"), "start", f"--address={self.address}", *self.common],
-                            f"node{len(self.procs)}")
-            try:
-                return self._wait_nodes(count, timeout, give_up_early=attempt < 2)
-            except NodeStartFailed:
-                continue
+    def grow_to(self, count: int, timeout: float = 240) -> None:
+        """Start nodes, one at a time, until count are alive (a test that killed one leaves the next a whole cluster)."""
+        SESSION_PIDS.difference_update(p.pid for p in self.procs if p.poll() is not None)  # nodes killed earlier
+        alive = sum(n["alive"] for n in self.query()["nodes"])
+        for _ in range(count - alive):
+            for attempt in range(3):  # `ray start` gives a node 30 s to register, which a loaded machine can miss
+                name = f"node{len(self.procs)}"
+                self._spawn([str(Path(sys.executable).parent / "ray"), "start", f"--address={self.address}",
+                             *self.common], name)
+                if self._wait_started(self.procs[-1], name, timeout):
+                    break
+                SESSION_PIDS.discard(self.procs[-1].pid)
+            else:
+                raise AssertionError(f"a Ray node did not start in 3 tries: see {self.root}/*.out")
+
+    def _wait_started(self, proc: subprocess.Popen, name: str, timeout: float) -> bool:
+        """True once `ray start --block` says its node is up (read from its output: no Ray client started here)."""
+        out, deadline = self.root / f"{name}.out", time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if out.is_file() and "will now block forever" in out.read_text(errors="replace"):
+                return True
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.5)
+        raise AssertionError(f"the Ray node {name} did not start in {timeout}s: see {out}")
 
     def _spawn(self, argv: List[str], name: str) -> None:
         out = open(self.root / f"{name}.out", "ab")
@@ -94,23 +103,13 @@ class RayDevCluster:
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def _wait_nodes(self, count: int, timeout: float, give_up_early: bool = False) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.procs[0].poll() is None, f"the head's ray start ended early: see {self.root}/head.out"
-            if give_up_early and any(p.poll() is not None for p in self.procs[1:] if p.pid in SESSION_PIDS):
-                raise NodeStartFailed()
-            try:
-                if sum(n["alive"] for n in self.query()["nodes"]) >= count:
-                    return
-            except (AssertionError, subprocess.TimeoutExpired, ValueError, IndexError):
-                pass
-            time.sleep(1)
-        raise AssertionError(f"the Ray dev cluster did not reach {count} nodes in {timeout}s: see {self.root}/*.out")
-
     def raylet_pid(self, node_id: str) -> Optional[int]:
         for proc in self.procs:
-            for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                children = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:  # a node killed earlier
+                continue
+            for child in children:
                 try:
                     if child.name() == "raylet" and f"--node_id={node_id}" in " ".join(child.cmdline()):
                         return child.pid
