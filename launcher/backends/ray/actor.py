@@ -47,17 +47,21 @@ class NodeRunner:
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "launcher.backends.ray.task", str(os.getpid())],
                                          stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                         cwd=cwd if os.path.isdir(cwd) else None)
+                                         cwd=cwd if os.path.isdir(cwd) else None, start_new_session=True)
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(payload).encode())
             self.proc.stdin.close()
             return self.proc.wait()
 
     def stop(self, signum: int = int(signal.SIGTERM)) -> bool:
-        """Signal the agent (it stops its workers and records how the job ended); False if it is not running."""
+        """Signal the agent and its workers, as Ctrl-C in a terminal does (they stop and record how the job ended);
+        False if it is not running."""
         if self.proc is None or self.proc.poll() is not None:
             return False
-        self.proc.send_signal(signum)
+        try:
+            os.killpg(self.proc.pid, signum)  # its own session: the agent, its zygote and its workers
+        except ProcessLookupError:
+            return False
         return True
 
 

@@ -153,8 +153,9 @@ class RayJob:
             summary["lost_nodes"] = lost
         if outcome.dead:
             summary["status"], summary["error"] = "failed", lost[-1]
-        elif outcome.interrupted:
-            summary["status"] = "interrupted" if summary.get("status") != "completed" else "completed"
+        elif outcome.interrupted and summary.get("status") != "completed":  # the workers' own Ctrl-C is no failure
+            summary["status"] = "interrupted"
+            summary.pop("error", None)
         write_json(path, summary)
         state = {"completed": "COMPLETED", "interrupted": "CANCELLED"}.get(summary.get("status"), "FAILED")
         update_job(self.run_dir, {"state": state})

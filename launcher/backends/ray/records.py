@@ -77,5 +77,4 @@ def cancel(run_dir: Path, timeout_s: float = 60.0) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and driver_alive(job):
         time.sleep(0.5)
-    return (f"cancelled Ray job {job.get('run_id')} (was {state}); run directory {run_dir} kept "
-            f"(`python -m launcher resume {run_dir}` continues from its latest checkpoint)")
+    return f"cancelled Ray job {job.get('run_id')} (was {state}); run directory {run_dir} kept"

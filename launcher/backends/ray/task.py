@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -36,6 +37,10 @@ def node_config(payload: Dict[str, Any]) -> Config:
 def main(argv: List[str]) -> int:
     if not die_with_parent(int(argv[0])):  # the actor that started this node is gone already
         return 1
+    # Ray's worker processes ignore SIGINT, and an ignored signal stays ignored across exec: this node
+    # agent must hear Ctrl-C (passed on by the driver) as a node agent in a terminal does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     payload = json.loads(sys.stdin.read())
     cfg = node_config(payload)
     attempt = int(payload.get("attempt", 0))
