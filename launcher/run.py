@@ -31,8 +31,8 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
         return 0
     cfg = adopt_allocation(cfg)  # inside a SLURM job step: its nodes, node rank and node 0
     wait = getattr(args, "wait", False)
-    if wait and not should_submit(cfg):
-        raise ConfigError("--wait follows a submitted SLURM job: add --cluster slurm (a local run always waits)")
+    if wait and not (should_submit(cfg) or cfg.cluster == "ray"):
+        raise ConfigError("--wait follows a submitted job: add --cluster slurm or --cluster ray (a local run always waits)")
     # Imported here, not at the top: both load torch (and submitit), which a run should start loading
     # only once its zygote is on its way (launcher.backends.dispatch; bench/startup.py).
     if should_submit(cfg):
@@ -40,6 +40,11 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
 
         interrupts.release()  # submitting and --wait talk to SLURM for as long as it takes: Ctrl-C works there
         return submit(cfg, dry_run=args.dry_run, wait=wait)
+    if cfg.cluster == "ray":  # the only import of the Ray backend: ray itself stays an optional extra
+        from launcher.backends.ray.submit import submit as submit_to_ray
+
+        interrupts.release()
+        return submit_to_ray(cfg, dry_run=args.dry_run, wait=wait)
     from launcher.backends.dispatch import launch
 
     return launch(cfg, args.dry_run, started)

@@ -78,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-secret-file", metavar="PATH",
                    help="a file holding the job's secret, the same on every machine: the nodes sign what they share "
                         "at the rendezvous with it (default: $LAUNCHER_RDZV_SECRET; SLURM jobs get one)")
-    p.add_argument("--cluster", choices=("local", "slurm"),
-                   help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*)")
-    p.add_argument("--wait", action="store_true", help="--cluster slurm: block until the job ends, showing rank 0's log")
+    p.add_argument("--cluster", choices=("local", "slurm", "ray"),
+                   help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*) "
+                        "| ray: place the job on a Ray cluster (ray.address or $RAY_ADDRESS; config: ray.*)")
+    p.add_argument("--wait", action="store_true", help="--cluster slurm/ray: block until the job ends, showing rank 0's log")
     p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default launcher_runs)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
     p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")

@@ -10,7 +10,7 @@ import pytest
 
 PR_SET_CHILD_SUBREAPER = 36
 # Order of the layers: pure units, then real multi-process runs, then network namespaces, then SLURM.
-LAYERS = ("slow", "netns", "slurm")
+LAYERS = ("slow", "netns", "slurm", "ray")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def no_leftover_processes():
     yield
     me = psutil.Process()
-    children = me.children(recursive=True)
+    children = [p for p in me.children(recursive=True) if not serves_the_session(p)]
     _, running = psutil.wait_procs(children, timeout=5)  # give exiting processes a moment
     leftovers = [p for p in running if _alive(p)]
     names = [f"{p.pid} {_cmd(p)}" for p in leftovers]
@@ -62,6 +62,16 @@ def no_leftover_processes():
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
             pass
     assert not names, f"the test left processes running: {names}"
+
+
+def serves_the_session(p: psutil.Process) -> bool:
+    """A process of a cluster a fixture started for several tests (tests/ray_cluster.py), or one of its children."""
+    from tests.helpers import SESSION_PIDS
+
+    try:
+        return bool(SESSION_PIDS) and any(q.pid in SESSION_PIDS for q in [p, *p.parents()])
+    except psutil.Error:
+        return False
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+SESSION_PIDS: Set[int] = set()  # clusters that fixtures keep for several tests: not a test's leftovers (conftest)
 QUICK = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "data.batch_size=16"]
 
 

@@ -12,6 +12,8 @@ Backends (each a 2-worker job, WORLD_SIZE 2):
               directory is the one checked; on one machine both nodes write into it)
   slurm       `--cluster slurm --nodes 2 --gpus 1 --wait` on the dev cluster (tests/test_slurm.py's
               `slurm_env` fixture; skipped without SLURM)
+  ray         `--cluster ray --nodes 2 --gpus 1 --wait` on a real two-node Ray cluster started on this
+              machine (tests/test_ray.py's `ray2` fixture; skipped without ray installed)
 
 Per backend, one successful run of tests/scripts/contract.py, one with a failing rank and one
 of the built-in trainer are shared by the tests (module-scoped fixtures); the Ctrl-C test starts
@@ -36,6 +38,8 @@ import pytest
 from tests.helpers import (QUICK, REPO, descendants, finish_all, free_port, kill_group, read_summary, run_launcher,
                            start_launcher, wait_gone)
 from tests.test_slurm import slurm_env  # noqa: F401  (the SLURM dev cluster's fixture, reused)
+from tests.test_ray import ray2  # noqa: F401  (the Ray dev cluster's fixture, reused)
+from tests.ray_cluster import ray_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -76,6 +80,7 @@ BACKENDS = [
     pytest.param("simulated", id="simulated"),
     pytest.param("two-agents", id="two-agents"),
     pytest.param("slurm", id="slurm", marks=pytest.mark.slurm),
+    pytest.param("ray", id="ray", marks=pytest.mark.ray),
 ]
 
 
@@ -83,6 +88,8 @@ BACKENDS = [
 def backend(request, tmp_path_factory) -> Backend:
     name = request.param
     env = request.getfixturevalue("slurm_env") if name == "slurm" else {}
+    if name == "ray":
+        env = ray_env(request.getfixturevalue("ray2"))
     root = tmp_path_factory.mktemp(name)
     yield Backend(name, 1 if name == "local" else 2, 2 if name == "local" else 1, root, env)
     if name == "slurm":  # a job left running by a timed-out test must not hold the cluster
@@ -110,6 +117,10 @@ def run_job(backend: Backend, tag: str, job_args: Callable[[Path], List[str]]) -
         procs = start_two_agents(backend, where, runs, args)
         consoles = finish_all(procs, timeout=RUN_TIMEOUT)
         codes = [p.returncode for p in procs]
+    elif backend.name == "ray":
+        submit = ["--cluster", "ray", *backend.flags(), "--wait", f"output_dir={runs}"]
+        done = run_launcher([*submit, *args], cwd=where, timeout=SLURM_TIMEOUT, env=backend.env)
+        codes, consoles = [done.returncode], [done.stdout + done.stderr]
     else:
         submit = ["--cluster", "slurm", *backend.flags(), "slurm.time_min=5", "--wait", f"output_dir={runs}"]
         done = run_launcher([*submit, *args], cwd=where, timeout=SLURM_TIMEOUT, env=backend.env)
@@ -285,6 +296,9 @@ def test_ctrl_c_stops_the_job_with_130_says_interrupted_and_leaves_no_process(ba
     args = script("--block")(out)
     if backend.name == "two-agents":
         procs = start_two_agents(backend, where, runs, args)
+    elif backend.name == "ray":  # Ctrl-C of `--cluster ray --wait` stops the job: this process drives it
+        procs = [start_launcher(["--cluster", "ray", *backend.flags(), "--wait", f"output_dir={runs}", *args], where,
+                                env=backend.env)]
     else:
         procs = [start_launcher([*backend.flags(), f"output_dir={runs}", *args], where)]
     try:

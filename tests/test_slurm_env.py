@@ -136,4 +136,4 @@ def test_bad_slurm_values_are_one_line_errors(tmp_path):
 
 def test_wait_without_slurm_is_refused(tmp_path):
     result = run_launcher(["--wait", "--dry-run"], cwd=tmp_path, timeout=60)
-    assert result.returncode == 2 and "--wait follows a submitted SLURM job: add --cluster slurm" in result.stderr
+    assert result.returncode == 2 and "--wait follows a submitted job: add --cluster slurm" in result.stderr

@@ -19,6 +19,7 @@ from launcher.config.rendezvous import validate_rendezvous
 from launcher.config.secrets import redact
 from launcher.config.compat import check_strategy
 from launcher.config.features import check_feature_config
+from launcher.config.ray_section import RayConfig, check_ray_config
 
 STRATEGIES = ("dp", "ddp", "fsdp", "pipeline", "tensor", "naive_mp")
 MODELS = ("mlp", "gpt", "cnn")
@@ -26,7 +27,7 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_STYLES = ("auto", "bar", "lines")
-CLUSTERS = ("local", "slurm")
+CLUSTERS = ("local", "slurm", "ray")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -180,8 +181,9 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
-    cluster: str = "local"  # local: run here | slurm: submit to SLURM (inside a SLURM job step: use its allocation)
+    cluster: str = "local"  # local: run here | slurm: submit to SLURM (inside a SLURM job step: use its allocation) | ray: a Ray cluster
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    ray: RayConfig = field(default_factory=RayConfig)  # --cluster ray: where and how (launcher/config/ray_section.py)
 
 
 def resolve_config_path(name: str) -> Path:
@@ -311,6 +313,7 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.slurm.cpus_per_task, 0, "slurm.cpus_per_task")
     _at_least(cfg.slurm.signal_delay_s, 1, "slurm.signal_delay_s")
     _at_least(cfg.slurm.max_requeues, 0, "slurm.max_requeues")
+    check_ray_config(cfg)
     world = cfg.nodes * cfg.gpus
     accum = cfg.trainer.grad_accum_steps  # an optimizer step takes this many batches from one epoch
     if not auto_batch and cfg.data.batch_size * world * max(1, accum) > cfg.data.dataset_size:

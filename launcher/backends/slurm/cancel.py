@@ -12,6 +12,11 @@ def main(argv: List[str]) -> int:
     if isinstance(args, int):
         return args
     run_dir, job = find_run(args.run, args.output_dir)
+    if job.get("cluster") == "ray":  # its driver stops the agents and removes the job's Ray objects
+        from launcher.backends.ray import records
+
+        print(records.cancel(run_dir))
+        return 0
     state = job_state(job["job_id"])
     if state in FINAL_STATES:
         print(f"SLURM job {job['job_id']} already ended ({state}); nothing to cancel")

@@ -13,6 +13,13 @@ def main(argv: List[str]) -> int:
     if isinstance(args, int):
         return args
     run_dir, job = find_run(args.run, args.output_dir)
+    if job.get("cluster") == "ray":  # its driver keeps the state in job.json: no Ray import needed
+        from launcher.backends.ray import records
+
+        state = records.job_state(run_dir)
+        print(records.outcome_line(run_dir, job, state))
+        print(f"run directory {run_dir}")
+        return records.EXIT_CODES.get(state, 1) if state in records.FINAL_STATES else 0
     state = job_state(job["job_id"])
     print(outcome_line(run_dir, job, state))
     print(f"run directory {run_dir}")

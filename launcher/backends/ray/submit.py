@@ -1,0 +1,125 @@
+"""`--cluster ray`: check the cluster can place the job, make its run directory, then drive it (launcher.backends.ray.job).
+
+With --wait the job runs from this process; without, from a detached driver whose pid job.json records
+(`status`, `logs`, `cancel` find it there). Nothing is created before Ray is importable, the cluster
+answers at its address and the placement fits: each of those fails in one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict
+
+from launcher.backends.ray import cluster
+from launcher.backends.ray.records import JOB_FILE, outcome_line, update_job
+from launcher.config.schema import Config, to_dict, to_yaml
+from launcher.logs import setup_launcher_logging
+from launcher.plan import new_run_id
+from launcher.rundir import create_run_dir, write_atomic, write_json
+from launcher.runlock import existing_run
+
+
+def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
+    """Place cfg on the Ray cluster at ray.address; print how to follow it; with wait, drive it to the end."""
+    cluster.import_ray()  # one line, before anything else, where Ray is not installed
+    address = cluster.cluster_address(cfg)
+    cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the nodes may start in other directories
+    cfg.run_id = cfg.run_id or new_run_id()
+    if cfg.script.path is not None and not cfg.script.module:
+        cfg.script.path = str(Path(cfg.script.path).resolve())
+    run_dir = Path(cfg.output_dir) / cfg.run_id
+    if dry_run:
+        print(dry_run_text(cfg, address, run_dir), end="")
+        return 0
+    if (run_dir / "config.yaml").is_file():
+        raise existing_run(run_dir, cfg.run_id)
+    check_placement(cfg, address)
+    create_run_dir(cfg.output_dir, cfg.run_id)
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
+    write_json(run_dir / JOB_FILE, {
+        "cluster": "ray", "run_id": cfg.run_id, "address": address, "state": "PENDING", "run_dir": str(run_dir),
+        "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "submitted_at": datetime.datetime.now().astimezone().isoformat()})
+    if wait:
+        return drive_here(cfg, run_dir)
+    pid = start_driver(cfg, run_dir)
+    update_job(run_dir, {"driver_pid": pid})
+    quoted = shlex.quote(str(run_dir))
+    print(f"submitted Ray job {cfg.run_id} to {address}: {cfg.nodes} node(s) x {cfg.gpus} worker(s); driver pid {pid}; "
+          f"run directory {run_dir}\n  follow: python -m launcher status {quoted}   |   python -m launcher logs {quoted} "
+          f"[--rank K]   |   python -m launcher cancel {quoted}", flush=True)
+    return 0
+
+
+def check_placement(cfg: Config, address: str) -> None:
+    """Connect and place the job's bundles once, then give them back: a job that cannot run is refused here."""
+    ray = cluster.connect(address)
+    try:
+        bundles = [cluster.bundle(cfg, cluster.gpus_to_request(cfg, ray))] * cfg.nodes
+        cluster.remove(ray, cluster.place(ray, cfg, f"launcher-{cfg.run_id}-check", bundles))
+    finally:
+        ray.shutdown()
+
+
+def drive_here(cfg: Config, run_dir: Path) -> int:
+    from launcher.backends.ray.job import RayJob, job_secret
+
+    setup_launcher_logging(None)
+    update_job(run_dir, {"driver_pid": os.getpid()})
+    done = threading.Event()
+    follower = threading.Thread(target=follow_rank0, args=(run_dir, done), daemon=True)
+    follower.start()
+    try:
+        code = RayJob(cfg, run_dir, job_secret(cfg)).run()
+    finally:
+        done.set()
+        follower.join(timeout=5)
+    job = json.loads((run_dir / JOB_FILE).read_text())
+    print(f"[launcher] {outcome_line(run_dir, job, job.get('state', '?'))}", file=sys.stderr, flush=True)
+    print(f"[launcher] run directory {run_dir}", file=sys.stderr, flush=True)
+    return code
+
+
+def follow_rank0(run_dir: Path, done: threading.Event) -> None:
+    """--wait shows rank 0's log as it grows, as a SLURM --wait does."""
+    from launcher.backends.slurm.records import LogFollower, rank_log
+
+    follower = LogFollower(rank_log(run_dir, 0))
+    while not done.wait(1.0):
+        follower.poll()
+    follower.poll()
+
+
+def start_driver(cfg: Config, run_dir: Path) -> int:
+    """The detached driver: its own session (a Ctrl-C here does not reach it), the config on its stdin."""
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (cluster.launcher_root(), os.environ.get("PYTHONPATH")) if p))
+    with open(logs / "ray-driver.out", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.backends.ray.job", str(run_dir)], stdin=subprocess.PIPE,
+                                stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(to_dict(cfg)).encode())
+    proc.stdin.close()
+    return proc.pid
+
+
+def dry_run_text(cfg: Config, address: str, run_dir: Path) -> str:
+    """The placement group and each node's command, as the job would make them (nothing contacted)."""
+    bundle: Dict[str, Any] = cluster.bundle(cfg, 0 if cfg.ray.gpus == "never" else cfg.gpus)
+    gpu_note = "" if cfg.ray.gpus != "auto" else " (GPU only where the cluster has GPUs: ray.gpus=auto)"
+    lines = [f"# Ray cluster {address}: placement group launcher-{cfg.run_id}-0, STRICT_SPREAD, "
+             f"{cfg.nodes} bundle(s) of {bundle}{gpu_note}",
+             "# one NodeRunner actor per bundle runs, on its node (payload on stdin, rendezvous secret in its environment):"]
+    for k in range(cfg.nodes):
+        lines.append(f"#   node {k} (ranks {k * cfg.gpus}-{(k + 1) * cfg.gpus - 1}): {sys.executable} -m launcher.backends.ray.task "
+                     f"<actor pid>  = python -m launcher --nodes {cfg.nodes} --gpus {cfg.gpus} --node-rank {k} "
+                     f"--master-addr <node 0's IP> --master-port <free port on node 0> ...")
+    lines.append(f"# run directory (a path every node shares): {run_dir}")
+    return "\n".join(lines) + "\n# resolved config\n" + to_yaml(cfg)
