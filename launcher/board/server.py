@@ -9,6 +9,7 @@ a DNS name it points at 127.0.0.1 (DNS rebinding).
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 from typing import Any, Set
 
@@ -84,13 +85,27 @@ def _folder(root: Path) -> Path:
     return folder
 
 
-def serve(root: Path, host: str, port: int) -> None:
-    """Serve until interrupted; prints the URL once the socket is bound (port 0: a free one)."""
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: a free one); an OSError says why it cannot be had (in use, no such address)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(root: Path, host: str, sock: socket.socket) -> None:
+    """Serve on sock until interrupted; prints the URL first."""
     from werkzeug.serving import make_server
 
     allowed: Set[str] = set()
-    server = make_server(host, port, create_app(root, allowed), threaded=True)
-    bound = server.socket.getsockname()[1]
+    bound = sock.getsockname()[1]
+    # werkzeug takes the bound socket as is (fd=): its own bind would end the process on an address in use
+    server = make_server(host, bound, create_app(root, allowed), threaded=True, fd=sock.fileno())
     shown = f"[{host}]" if ":" in host else host
     allowed.add(f"{shown}:{bound}")
     if host in ("127.0.0.1", "::1"):
@@ -101,3 +116,4 @@ def serve(root: Path, host: str, port: int) -> None:
         server.serve_forever()
     finally:
         server.server_close()
+        sock.close()

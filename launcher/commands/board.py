@@ -54,13 +54,15 @@ def main(argv: List[str]) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: pick a port from 1 to 65535 (0 = any free one)")
     try:
-        from launcher.board.server import serve
+        from launcher.board.server import bind, serve
     except ImportError as e:
         print(f"error: the board needs {e.name or 'its web dependencies'}: pip install -e .[board]", file=sys.stderr)
         return 2
+    host = "127.0.0.1" if args.host == "localhost" else args.host
     try:
-        serve(root.resolve(), "127.0.0.1" if args.host == "localhost" else args.host, args.port)
+        sock = bind(host, args.port)
     except OSError as e:
         raise ConfigError(f"cannot serve on {args.host}:{args.port} ({e.strerror or e}): "
                           "pick another with --port P (0 = any free one)") from e
+    serve(root.resolve(), host, sock)
     return 0

@@ -48,7 +48,7 @@ function poll(draw) {
   const tick = async () => {
     if (busy) return;
     busy = true;
-    try { await draw(); } catch (e) { showError(e); } finally { busy = false; }
+    try { await draw(); document.getElementById("error")?.remove(); } catch (e) { showError(e); } finally { busy = false; }
   };
   tick();
   return setInterval(tick, POLL_MS);

@@ -1,0 +1,173 @@
+"""`python -m launcher board` against real runs: its APIs, its refusals, and the page in a real headless chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.board.views import configured_steps, heatmap, inside
+from tests.board_helpers import board, browser_page, get, get_json, needs_browser
+from tests.helpers import QUICK, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """An output directory with one real completed 2-rank run (its processes all ended)."""
+    out = tmp_path_factory.mktemp("board-runs")
+    result = run_launcher(["--gpus", "2", f"output_dir={out}", "run_id=done", "trainer.steps=20", "trainer.log_every=5",
+                           *QUICK], cwd=out, timeout=240)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def board_rows(url: str) -> list:
+    return get_json(f"{url}/api/runs")["runs"]
+
+
+# --- pure units -----------------------------------------------------------------------------------------
+
+def test_inside_keeps_every_path_under_the_output_directory(tmp_path):
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    (tmp_path / "escape").symlink_to("/etc")
+    assert inside(tmp_path, "run") == (tmp_path / "run").resolve()
+    assert inside(tmp_path, "run/logs/../logs") == (tmp_path / "run" / "logs").resolve()
+    for bad in ("..", "../x", "run/../../x", "/etc", "escape", "escape/passwd", "run/\x00"):
+        assert inside(tmp_path, bad) is None, bad
+
+
+def test_heatmap_is_ranks_by_log_steps_and_steps_come_from_the_recorded_config(tmp_path):
+    rows = [{"step": 5, "step_time_s_per_rank": [0.01, 0.05]}, {"step": 10}, {"step": 15, "step_time_s_per_rank": [0.02, 0.06]}]
+    assert heatmap(rows, "step_time_s_per_rank") == {"steps": [5, 15], "ranks": [0, 1], "z": [[0.01, 0.02], [0.05, 0.06]]}
+    (tmp_path / "config.yaml").write_text("model:\n  steps: 3\ntrainer:\n  lr: 0.1\n  steps: 400\n  log_every: 5\n")
+    assert configured_steps(tmp_path) == 400
+
+
+# --- the command's refusals ------------------------------------------------------------------------------
+
+def board_command(args, cwd, prelude: str = "pass") -> tuple:
+    code = f"import sys; {prelude}; from launcher.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = run_bounded([sys.executable, "-c", code, "board", *args], cwd, timeout=60)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
+    code, err = board_command([str(runs), "--host", "0.0.0.0"], tmp_path)
+    assert code == 2 and len(err) == 1 and "--expose" in err[0], err
+    code, err = board_command([str(tmp_path / "nope")], tmp_path)
+    assert code == 2 and len(err) == 1 and "not a directory" in err[0], err
+    code, err = board_command([str(runs)], tmp_path, prelude="sys.modules['flask'] = None")
+    assert code == 2 and err == ["error: the board needs flask: pip install -e .[board]"], err
+    with board(runs) as (url, _):
+        port = url.rsplit(":", 1)[1]
+        code, err = board_command([str(runs), "--port", port], tmp_path)
+    assert code == 2 and len(err) == 1 and "--port" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == [], "a refused board leaves nothing behind"
+
+
+def test_the_rest_of_the_launcher_does_not_import_the_board_dependencies(tmp_path):
+    code = ("import sys; sys.modules['flask'] = sys.modules['plotly'] = None; from launcher.cli import main; "
+            "sys.exit(main(['--dry-run', '--gpus', '2']))")
+    done = run_bounded([sys.executable, "-c", code], tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# --- the served APIs, over HTTP ----------------------------------------------------------------------------
+
+def test_only_files_under_the_output_directory_are_served(runs, tmp_path):
+    secret = tmp_path / "secret-run"
+    (secret / "logs").mkdir(parents=True)
+    (secret / "logs" / "rank-0.log").write_text("SECRET-LINE\n")
+    link = runs / "link-out"
+    link.symlink_to(secret)
+    try:
+        with board(runs) as (url, _):
+            assert get(f"{url}/api/run?path=done")[0] == 200
+            assert "[rank 1]" in get(f"{url}/api/logs?path=done&rank=all")[1].decode()
+            for path in ("..", f"../{secret.name}", str(secret), "link-out", "done/../..", "%2e%2e", "done/../../etc"):
+                for api in ("run", "logs"):
+                    status, body = get(f"{url}/api/{api}?path={path}")
+                    assert status == 404 and b"SECRET" not in body, (api, path, status)
+            for path in ("/static/..%2fviews.py", "/static/../views.py", "/static/%2e%2e%2fserver.py", "/../../etc/passwd"):
+                status, body = get(url + path)
+                assert status == 404 and b"import" not in body, (path, status)
+            assert get(f"{url}/api/logs?path=done&rank=../../x")[0] == 400
+            assert get(f"{url}/api/runs", host="attacker.example:80")[0] == 403  # DNS rebinding
+            assert get(f"{url}/api/runs", method="POST")[0] == 405  # read-only
+    finally:
+        link.unlink()
+
+
+def test_the_run_api_has_every_rank_step_times_and_memory(runs):
+    metrics = read_metrics(runs / "done")
+    assert all(len(m["step_time_s_per_rank"]) == 2 and len(m["rss_mb_per_rank"]) == 2 for m in metrics)
+    with board(runs) as (url, _):
+        view = get_json(f"{url}/api/run?path=done")
+    assert view["status"] == "completed" and view["step"] == 20 and view["steps"] == 20
+    assert view["series"]["step"] == [5, 10, 15, 20] and all(loss > 0 for loss in view["series"]["loss"])
+    assert view["step_times"]["ranks"] == [0, 1] and len(view["step_times"]["z"][1]) == 4
+    assert len(view["memory"]["mb"]) == 2 and min(view["memory"]["mb"]) > 50
+    assert view["ranks"] == [0, 1] and view["restarts"] == 0
+
+
+# --- the page, in a real browser -----------------------------------------------------------------------------
+
+@needs_browser
+def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
+    with board(runs) as (url, _), browser_page() as page:
+        page.goto(url + "/")
+        page.wait_for_selector("#runs tbody tr")
+        on_screen = {tr.get_attribute("data-run-id"): tr.inner_text().split("\t")
+                     for tr in page.query_selector_all("#runs tbody tr.run")}
+        expected = {row["run_id"]: row for row in board_rows(url)}
+        assert set(on_screen) == set(expected) and "done" in on_screen
+        for run_id, cells in on_screen.items():
+            assert cells[1:4] == [expected[run_id]["kind"], expected[run_id]["status"],
+                                  f"{expected[run_id]['step']}/{expected[run_id]['steps']}"], cells
+        page.click("#runs a:text('done')")
+        page.wait_for_selector("#heatmap .main-svg")
+        assert page.inner_text("#step") == "step 20/20" and "completed" in page.inner_text("#status")
+        assert page.locator("#heatmap .hm").count() == 1 and page.locator("#loss .scatterlayer .trace").count() == 1
+        page.click("#logs-link")
+        page.wait_for_function("(document.querySelector('#log')?.textContent || '').includes('[rank 1]')")
+        log = page.inner_text("#log")
+        assert "[rank 0] step 20/20" in log and "[rank 1] rank 1/2" in log
+        page.click("button[data-rank='1']")
+        page.wait_for_function("(document.querySelector('#log')?.textContent || '').startsWith('rank 1/2')")
+        assert "rank 0/2" not in page.inner_text("#log")
+        assert page.errors == []
+
+
+@needs_browser
+def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
+    job = start_launcher(["--gpus", "2", f"output_dir={runs}", "run_id=live", "trainer.steps=1000000",
+                          "trainer.log_every=10", *QUICK], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not (runs / "live" / "plan.json").is_file() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)  # the page of a run that does not exist yet is a 404 (a console error)
+        with board(runs) as (url, _), browser_page() as page:
+            page.goto(url + "/run?path=live")
+            step = page.locator("#step")
+            page.wait_for_function("/step [1-9]\\d*\\//.test(document.querySelector('#step')?.textContent || '')",
+                                   timeout=180_000)
+            first = int(re.search(r"step (\d+)/", step.inner_text()).group(1))
+            assert page.inner_text("#status") == "status: running"
+            page.wait_for_function(f"parseInt(((document.querySelector('#step')?.textContent || '').match(/step (\\d+)/) || [0, 0])[1]) > {first}",
+                                   timeout=60_000)
+            page.goto(url + "/")
+            page.wait_for_selector("#runs tr[data-run-id='live'] td.status")
+            assert page.inner_text("#runs tr[data-run-id='live'] td.status") == "running"
+            assert page.errors == []
+    finally:
+        kill_group(job)
+        job.communicate(timeout=30)
+    time.sleep(0.5)
+    with board(runs) as (url, _):
+        assert {r["run_id"]: r["status"] for r in board_rows(url)}["live"] == "dead"  # killed: its lock is gone
