@@ -19,6 +19,7 @@ COMMANDS: Dict[str, str] = {
     "compare": "launcher.commands.compare",
     "doctor": "launcher.commands.doctor",
     "logs": "launcher.backends.slurm.logs",
+    "ls": "launcher.commands.ls",
     "resume": "launcher.commands.resume",
     "scale": "launcher.commands.scale",
     "status": "launcher.backends.slurm.status",
