@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.board.views import configured_steps, heatmap, inside
+from launcher.board.views import heatmap, inside
 from tests.board_helpers import board, browser_page, get, get_json, needs_browser
 from tests.helpers import QUICK, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
 
@@ -42,11 +43,15 @@ def test_inside_keeps_every_path_under_the_output_directory(tmp_path):
         assert inside(tmp_path, bad) is None, bad
 
 
-def test_heatmap_is_ranks_by_log_steps_and_steps_come_from_the_recorded_config(tmp_path):
+def test_heatmap_is_ranks_by_log_steps():
     rows = [{"step": 5, "step_time_s_per_rank": [0.01, 0.05]}, {"step": 10}, {"step": 15, "step_time_s_per_rank": [0.02, 0.06]}]
     assert heatmap(rows, "step_time_s_per_rank") == {"steps": [5, 15], "ranks": [0, 1], "z": [[0.01, 0.02], [0.05, 0.06]]}
-    (tmp_path / "config.yaml").write_text("model:\n  steps: 3\ntrainer:\n  lr: 0.1\n  steps: 400\n  log_every: 5\n")
-    assert configured_steps(tmp_path) == 400
+
+
+def ls_json(root: Path) -> list:
+    done = run_launcher(["ls", str(root), "--json"], cwd=root, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 # --- the command's refusals ------------------------------------------------------------------------------
@@ -125,11 +130,12 @@ def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
         page.wait_for_selector("#runs tbody tr")
         on_screen = {tr.get_attribute("data-run-id"): tr.inner_text().split("\t")
                      for tr in page.query_selector_all("#runs tbody tr.run")}
-        expected = {row["run_id"]: row for row in board_rows(url)}
+        expected = {row["run_id"]: row for row in ls_json(runs)}
         assert set(on_screen) == set(expected) and "done" in on_screen
         for run_id, cells in on_screen.items():
-            assert cells[1:4] == [expected[run_id]["kind"], expected[run_id]["status"],
-                                  f"{expected[run_id]['step']}/{expected[run_id]['steps']}"], cells
+            row = expected[run_id]
+            progress = "" if row["step"] is None else f"{row['step']}/{row['steps']}" if row["steps"] else str(row["step"])
+            assert cells[1:4] == [row["kind"], row["status"], progress], cells
         page.click("#runs a:text('done')")
         page.wait_for_selector("#heatmap .main-svg")
         assert page.inner_text("#step") == "step 20/20" and "completed" in page.inner_text("#status")
@@ -171,3 +177,35 @@ def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
     time.sleep(0.5)
     with board(runs) as (url, _):
         assert {r["run_id"]: r["status"] for r in board_rows(url)}["live"] == "dead"  # killed: its lock is gone
+
+
+@needs_browser
+def test_a_sweep_shows_its_members_and_a_failed_member_its_failure(tmp_path):
+    """A sweep folder in the agreed sweep.json format around two real runs, one failing at step 3."""
+    out = tmp_path / "out"
+    sweep = out / "sweep-t"
+    members = []
+    for index, (steps, fault) in enumerate((("8", None), ("12", "rank=0,step=3"))):
+        env = {"LAUNCHER_INJECT_FAULT": fault} if fault else None
+        done = run_launcher(["--gpus", "1", f"output_dir={sweep}", f"run_id=m{index}", f"trainer.steps={steps}",
+                             "trainer.log_every=2", *QUICK], cwd=tmp_path, timeout=240, env=env)
+        assert done.returncode == (1 if fault else 0), done.stderr
+        members.append({"index": index, "overrides": {"trainer.steps": steps}, "run_dir": f"m{index}",
+                        "status": "failed" if fault else "completed"})
+    (sweep / "sweep.json").write_text(json.dumps({
+        "kind": "sweep", "sweep_id": "sweep-t", "created": time.time(), "cluster": "local", "keys": ["trainer.steps"],
+        "base_args": ["--gpus", "1"], "members": members}))
+    with board(out) as (url, _), browser_page() as page:
+        page.goto(url + "/")
+        page.wait_for_selector("#runs tr.member")
+        assert [tr.inner_text().split("\t")[:3] for tr in page.query_selector_all("#runs tr.member")] == [
+            ["trainer.steps=8", "local", "completed"], ["trainer.steps=12", "local", "failed"]]
+        page.click("#runs tr.run a")
+        page.wait_for_selector("#group-table td")
+        assert page.inner_text("#status") == "status: failed" and page.locator("#chart-0 .bars").count() == 1
+        rows = [tr.inner_text().split("\t")[:3] for tr in page.query_selector_all("#group-table tbody tr")]
+        assert rows == [["trainer.steps=8", "completed", "8/8"], ["trainer.steps=12", "failed", "2/12"]], rows
+        page.click("#group-table a:text('trainer.steps=12')")
+        page.wait_for_selector("#events li")
+        page.wait_for_function("(document.querySelector('#events')?.textContent || '').includes('attempt 0 failed')")
+        assert page.errors == []

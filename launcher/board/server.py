@@ -16,7 +16,7 @@ from typing import Any, Set
 import plotly
 from flask import Flask, abort, jsonify, request, send_file, send_from_directory
 
-from launcher.board.groups import group_kind, group_view
+from launcher.board.groups import group_row, group_view
 from launcher.board.runlist import board_runs
 from launcher.board.views import inside, log_view, run_view
 
@@ -62,7 +62,8 @@ def create_app(root: Path, allowed: Set[str]) -> Flask:
     @app.get("/api/run")
     def run() -> Any:
         folder = _folder(root)
-        return jsonify(group_view(folder, root) if group_kind(folder) else run_view(folder))
+        group = group_row(folder)
+        return jsonify(group_view(folder, root, group) if group else run_view(folder))
 
     @app.get("/api/logs")
     def logs() -> Any:

@@ -4,7 +4,8 @@ Read-only and standard library only (no web framework): every function takes a d
 inside() has already checked lies under the board's output directory. A run directory holds
 metrics.jsonl (rank 0's record per log step, with every rank's step time and memory), summary.json
 once it ended, goodput/ (rank 0's per-step record of each attempt, the agent's failure records),
-logs/rank-K.log and logs/launcher.log, locks/ (launcher.runlock: who runs it now).
+logs/rank-K.log and logs/launcher.log; its status and step target come from the run index
+(launcher.runindex), as `ls` shows them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from launcher.runlock import live_holders
+from launcher.runindex import run_row
 
 SERIES = ("loss", "samples_per_s", "step_time_s")
 HEATMAP_COLUMNS = 200  # the newest log steps in the heatmap: enough to see a straggler come and go
@@ -60,16 +61,6 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def configured_steps(run_dir: Path) -> Optional[int]:
-    """trainer.steps from config.yaml (the recorded config), without a YAML parser: one indented key."""
-    try:
-        text = (run_dir / "config.yaml").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    match = re.search(r"^trainer:\n(?:[ ]+.*\n)*?[ ]+steps: (\d+)$", text, re.M)
-    return int(match.group(1)) if match else None
-
-
 def live_step(run_dir: Path) -> Optional[int]:
     """Rank 0's step now: the newest launch's newest attempt record (trainers.goodput, rewritten every step)."""
     records = sorted((run_dir / "goodput").glob("*-attempt-*.json"), key=_launch_and_attempt)
@@ -85,16 +76,7 @@ def _launch_and_attempt(path: Path) -> tuple:
     return (int(launch) if launch.isdigit() else 0, int(attempt) if attempt.isdigit() else 0)
 
 
-def run_status(run_dir: Path, summary: Optional[Dict[str, Any]]) -> str:
-    """running only while a launcher holds the run's lock; dead when it claims to run and nobody does."""
-    if live_holders(run_dir):
-        return "running"
-    if summary and summary.get("status"):
-        return str(summary["status"])
-    return "dead" if (run_dir / "plan.json").is_file() else "unknown"
-
-
-def restarts_and_events(run_dir: Path, summary: Optional[Dict[str, Any]]) -> tuple:
+def restarts_and_events(run_dir: Path, restarts: int) -> tuple:
     """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings."""
     events: List[Dict[str, Any]] = []
     failures = sorted((run_dir / "goodput").glob("*-failure-*.json"))
@@ -106,8 +88,7 @@ def restarts_and_events(run_dir: Path, summary: Optional[Dict[str, Any]]) -> tup
     for line in tail_lines(run_dir / "logs" / "launcher.log", 400):
         if EVENT_LEVELS.search(line):
             events.append({"at": None, "text": line})
-    restarts = max(len(failures), int((summary or {}).get("restarts") or 0))
-    return restarts, events[-100:]
+    return max(len(failures), restarts), events[-100:]
 
 
 def heatmap(metrics: List[Dict[str, Any]], key: str) -> Dict[str, Any]:
@@ -131,18 +112,16 @@ def memory_per_rank(metrics: List[Dict[str, Any]], summary: Optional[Dict[str, A
 
 
 def run_view(run_dir: Path) -> Dict[str, Any]:
-    """Everything the run page draws, in one poll."""
+    """Everything the run page draws, in one poll: the run's index row (status, steps, command) and its records."""
+    row = run_row(run_dir, time.time())
     summary = read_json(run_dir / "summary.json")
     summary = summary if isinstance(summary, dict) else None
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    status = run_status(run_dir, summary)
-    step = live_step(run_dir)
-    if step is None and metrics:
-        step = metrics[-1].get("step")
-    restarts, events = restarts_and_events(run_dir, summary)
+    step = live_step(run_dir)  # rank 0's step now; the row's is the last logged one
+    restarts, events = restarts_and_events(run_dir, int(row.get("restarts") or 0))
     return {
-        "kind": "run", "run_id": run_dir.name, "status": status, "step": step,
-        "steps": configured_steps(run_dir) or (summary or {}).get("steps"),
+        **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
+        "view": "run", "step": step if step is not None else row.get("step"),
         "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
         "step_times": heatmap(metrics, "step_time_s_per_rank"), "memory": memory_per_rank(metrics, summary),
         "restarts": restarts, "events": events, "ranks": rank_logs(run_dir),

@@ -102,6 +102,7 @@ function runSkeleton(view) {
     el("h2", {id: "title"}, view.run_id),
     el("div", {class: "facts"}, el("span", {id: "status"}), el("span", {id: "step"}), el("span", {id: "restarts"}),
       el("span", {id: "figures"}), el("a", {id: "logs-link", href: `/logs?path=${encodeURIComponent(path)}`}, "logs by rank")),
+    el("p", {class: "cmd", id: "command"}),
     el("div", {class: "charts"}, ...["loss", "throughput", "heatmap", "memory"].map(id => el("div", {id, class: "chart"}))),
     el("h3", {}, "restarts and hang verdicts, warnings"), el("ul", {id: "events"}));
 }
@@ -116,6 +117,7 @@ function drawRun(view) {
   const s = view.summary;
   document.getElementById("figures").textContent = s ? `${fmt(s.samples_per_s, 0)} samples/s, final loss ${fmt(s.final_loss, 4)}` +
     (s.goodput !== null && s.goodput !== undefined ? `, goodput ${Math.round(100 * s.goodput)}%` : "") + (s.error ? `; ${s.error}` : "") : "";
+  document.getElementById("command").textContent = view.command ? `next: ${view.command}` : "";
   const x = view.series.step;
   plot("loss", [{x, y: view.series.loss, mode: "lines+markers", name: "loss"}], "loss", "step", "loss");
   plot("throughput", [{x, y: view.series.samples_per_s, mode: "lines+markers", name: "samples/s"}], "throughput", "step", "samples/s");
@@ -139,9 +141,15 @@ function drawGroup(view) {
   const main = document.getElementById("main");
   if (!document.getElementById("group-table")) {
     main.replaceChildren(el("h2", {id: "title"}, `${view.kind}: ${view.run_id}`),
+      el("div", {class: "facts"}, el("span", {id: "status"}), el("span", {id: "step"}), el("span", {class: "cmd", id: "command"})),
       el("p", {id: "notice"}), el("div", {class: "charts", id: "group-charts"}), el("div", {id: "group-table"}));
   }
   document.getElementById("notice").textContent = view.notice || "";
+  const status = document.getElementById("status");
+  status.textContent = `status: ${view.status}`;
+  status.className = `status-${view.status}`;
+  document.getElementById("step").textContent = `members done: ${progress(view)}`;
+  document.getElementById("command").textContent = view.command || "";
   const charts = document.getElementById("group-charts");
   view.charts.forEach((chart, i) => {
     const id = `chart-${i}`;
@@ -161,7 +169,7 @@ async function drawRunPage() {
   const path = params.get("path");
   document.getElementById("where").textContent = path;
   const view = await getJSON(`/api/run?path=${encodeURIComponent(path)}`);
-  if (view.kind === "run") drawRun(view); else drawGroup(view);
+  if (view.view === "run") drawRun(view); else drawGroup(view);
 }
 
 // --- logs by rank -------------------------------------------------------------------------------------
