@@ -121,6 +121,26 @@ def test_the_run_api_has_every_rank_step_times_and_memory(runs):
     assert view["ranks"] == [0, 1] and view["restarts"] == 0
 
 
+@pytest.mark.timeout(400)
+def test_restarts_and_hang_verdicts_show_in_the_run_view(tmp_path):
+    """A rank that fails once (a restart, then completed) and a rank that hangs (the watchdog's verdict)."""
+    common = ["--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=30", "trainer.log_every=5", *QUICK]
+    done = run_launcher([*common, "run_id=restarted", "launcher.max_restarts=1"], cwd=tmp_path, timeout=240,
+                        env={"LAUNCHER_INJECT_FAULT": "rank=1,step=5"})
+    assert done.returncode == 0, done.stderr
+    hung = run_launcher([*common, "run_id=hung", "watchdog.timeout_s=5"], cwd=tmp_path, timeout=240,
+                        env={"LAUNCHER_INJECT_FAULT": "rank=1,step=5,action=hang"})
+    assert hung.returncode != 0
+    with board(tmp_path) as (url, _):
+        restarted = get_json(f"{url}/api/run?path=restarted")
+        hang = get_json(f"{url}/api/run?path=hung")
+    assert restarted["status"] == "completed" and restarted["restarts"] == 1 and restarted["step"] == 30
+    texts = [e["text"] for e in restarted["events"]]
+    assert texts[0] == "attempt 0 failed" and any("rank 1 failed" in t and "restarting" in t for t in texts), texts
+    assert hang["status"] == "failed" and "hang" in hang["summary"]["error"], hang["summary"]
+    assert any("watchdog: ranks made no progress" in e["text"] for e in hang["events"]), hang["events"]
+
+
 # --- the page, in a real browser -----------------------------------------------------------------------------
 
 @needs_browser
