@@ -44,14 +44,25 @@ async function getJSON(url) {
 }
 
 function poll(draw) {
-  let busy = false;
+  // the next poll waits POLL_MS, or twice as long as this one took: a slow disk or a large output
+  // directory gets polled less often instead of continuously
   const tick = async () => {
-    if (busy) return;
-    busy = true;
-    try { await draw(); document.getElementById("error")?.remove(); } catch (e) { showError(e); } finally { busy = false; }
+    const started = performance.now();
+    try { await draw(); document.getElementById("error")?.remove(); } catch (e) { showError(e); }
+    setTimeout(tick, Math.max(POLL_MS, 2 * (performance.now() - started)));
   };
   tick();
-  return setInterval(tick, POLL_MS);
+}
+
+function loadPlotly() {
+  // only the run pages draw charts: the run list does not parse plotly.js's 4.8 MB
+  if (window.Plotly) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const script = el("script", {src: "/static/plotly.min.js"});
+    script.onload = resolve;
+    script.onerror = () => reject(new Error("plotly.min.js did not load"));
+    document.head.append(script);
+  });
 }
 
 function showError(error) {
@@ -200,5 +211,5 @@ async function drawLogs() {
   if (atBottom) log.scrollTop = log.scrollHeight;
 }
 
-const views = {"/": drawRunList, "/run": drawRunPage, "/logs": drawLogs};
-poll(views[location.pathname] || drawRunList);
+if (location.pathname === "/run") loadPlotly().then(() => poll(drawRunPage), showError);
+else poll(location.pathname === "/logs" ? drawLogs : drawRunList);
