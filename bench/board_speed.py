@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, List
@@ -25,17 +23,12 @@ from typing import Any, Callable, List
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.ls_speed import build  # noqa: E402
+from bench.ls_speed import build, timed  # noqa: E402
 from launcher.runindex import list_runs  # noqa: E402
 
 
 def median_s(fn: Callable[[], Any], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timed(fn, rounds)[0]  # the median wall time (bench/ls_speed.py)
 
 
 def fetch(url: str) -> bytes:
