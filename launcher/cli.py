@@ -14,6 +14,7 @@ from launcher.usage import config_overrides, parse_args, script_spec, with_error
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
+    "board": "launcher.commands.board",
     "cancel": "launcher.backends.slurm.cancel",
     "compare": "launcher.commands.compare",
     "doctor": "launcher.commands.doctor",

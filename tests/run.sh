@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: makes .venv, installs the package with its test
 # extras, prepares what the real-cluster tests need where this machine allows it (root on
-# Debian: iproute2 for network namespaces, the local SLURM dev cluster), then runs pytest.
+# Debian: iproute2 for network namespaces, chromium for the board's browser tests, the local
+# SLURM dev cluster), then runs pytest.
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k config`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,9 @@ fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   if ! command -v ip >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) || echo "tests/run.sh: could not install iproute2; network-namespace tests will skip"
+  fi
+  if ! command -v chromium >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "tests/run.sh: could not install chromium; the board's browser tests will skip"
   fi
   if [ -x cluster/devcluster/up.sh ] && [ "${LAUNCHER_TEST_SLURM:-1}" = 1 ]; then
     if bash cluster/devcluster/up.sh; then

@@ -211,8 +211,12 @@ def window_metrics(rows: torch.Tensor, straggler_fraction: float, samples_per_s:
     out["comm_share"] = out["time_comm_s"] / step_mean if step_mean > 0 else 0.0
     out["rss_peak_mb"] = max(col["rss_mb"])
     out["cpu_percent"] = max(col["cpu_percent"])
+    # each rank's own figures too: the board's heatmap shows which rank lags, and when
+    out["step_time_s_per_rank"] = list(col["step"])
+    out["rss_mb_per_rank"] = list(col["rss_mb"])
     if meter.device.type == "cuda":
         out["cuda_peak_mb"] = max(col["cuda_peak_mb"])
+        out["cuda_peak_mb_per_rank"] = list(col["cuda_peak_mb"])
     out.update(stragglers(list(col["step"]), straggler_fraction))
     if meter.tokens and meter.samples:
         out["tokens_per_s"] = samples_per_s * meter.tokens / meter.samples

@@ -79,7 +79,8 @@ class WandbLogger:
 
     def log(self, metrics: Dict[str, Any]) -> None:
         if self._run is not None:
-            self._queue.put(("log", {k: v for k, v in metrics.items() if v is not None}))
+            # per-rank lists stay in metrics.jsonl (the board's heatmap); W&B charts scalars
+            self._queue.put(("log", {k: v for k, v in metrics.items() if v is not None and not isinstance(v, list)}))
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         if self._run is not None:

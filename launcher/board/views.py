@@ -1,0 +1,159 @@
+"""What the board shows, read from run directories: a run's live view, its rank logs, a group's charts.
+
+Read-only and standard library only (no web framework): every function takes a directory that
+inside() has already checked lies under the board's output directory. A run directory holds
+metrics.jsonl (rank 0's record per log step, with every rank's step time and memory), summary.json
+once it ended, goodput/ (rank 0's per-step record of each attempt, the agent's failure records),
+logs/rank-K.log and logs/launcher.log; its status and step target come from the run index
+(launcher.runindex), as `ls` shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from launcher.runindex import run_row
+
+SERIES = ("loss", "samples_per_s", "step_time_s")
+HEATMAP_COLUMNS = 200  # the newest log steps in the heatmap: enough to see a straggler come and go
+EVENT_LEVELS = re.compile(r" (WARNING|ERROR|CRITICAL) ")
+RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
+MAX_LOG_LINES = 2000
+
+
+def inside(root: Path, rel: str) -> Optional[Path]:
+    """root/rel when it is root or lies under it (symlinks followed); None for anything else (.., /abs)."""
+    base = root.resolve()
+    if not rel or rel in (".", "/"):
+        return base
+    if rel.startswith("/") or "\x00" in rel:
+        return None
+    target = (base / rel).resolve()
+    return target if target == base or base in target.parents else None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    """Every whole line of a JSONL file; a line being written (no newline yet) is left for the next read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    rows = []
+    for line in text.split("\n")[:-1]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def live_step(run_dir: Path) -> Optional[int]:
+    """Rank 0's step now: the newest launch's newest attempt record (trainers.goodput, rewritten every step)."""
+    records = sorted((run_dir / "goodput").glob("*-attempt-*.json"), key=_launch_and_attempt)
+    for path in reversed(records):
+        record = read_json(path) if path.stat().st_size else None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return record["step"]
+    return None
+
+
+def _launch_and_attempt(path: Path) -> tuple:
+    launch, _, attempt = path.stem.partition("-attempt-")
+    return (int(launch) if launch.isdigit() else 0, int(attempt) if attempt.isdigit() else 0)
+
+
+def restarts_and_events(run_dir: Path, restarts: int) -> tuple:
+    """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings."""
+    events: List[Dict[str, Any]] = []
+    failures = sorted((run_dir / "goodput").glob("*-failure-*.json"))
+    for path in failures:
+        record = read_json(path) or {}
+        attempt = path.stem.rsplit("-", 1)[1]
+        what = "hang verdict: the watchdog stopped" if record.get("hang") else "failed"
+        events.append({"at": record.get("detected_at"), "text": f"attempt {attempt} {what}"})
+    for line in tail_lines(run_dir / "logs" / "launcher.log", 400):
+        if EVENT_LEVELS.search(line):
+            events.append({"at": None, "text": line})
+    return max(len(failures), restarts), events[-100:]
+
+
+def heatmap(metrics: List[Dict[str, Any]], key: str) -> Dict[str, Any]:
+    """Ranks x log steps of a per-rank list (z[rank][column]), the newest HEATMAP_COLUMNS columns."""
+    rows = [m for m in metrics if isinstance(m.get(key), list)][-HEATMAP_COLUMNS:]
+    ranks = max((len(m[key]) for m in rows), default=0)
+    z = [[(m[key][r] if r < len(m[key]) else None) for m in rows] for r in range(ranks)]
+    return {"steps": [m.get("step") for m in rows], "ranks": list(range(ranks)), "z": z}
+
+
+def memory_per_rank(metrics: List[Dict[str, Any]], summary: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Each rank's newest peak memory in MB: CUDA when on GPU, else process RSS."""
+    for m in reversed(metrics):
+        for key, kind in (("cuda_peak_mb_per_rank", "cuda peak"), ("rss_mb_per_rank", "process RSS peak")):
+            if isinstance(m.get(key), list):
+                return {"kind": kind, "mb": m[key]}
+    per_rank = (summary or {}).get("peak_memory_bytes_per_rank")
+    if isinstance(per_rank, list):
+        return {"kind": (summary or {}).get("peak_memory_kind") or "peak", "mb": [b / 2**20 for b in per_rank]}
+    return {"kind": None, "mb": []}
+
+
+def run_view(run_dir: Path) -> Dict[str, Any]:
+    """Everything the run page draws, in one poll: the run's index row (status, steps, command) and its records."""
+    row = run_row(run_dir, time.time())
+    summary = read_json(run_dir / "summary.json")
+    summary = summary if isinstance(summary, dict) else None
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    step = live_step(run_dir)  # rank 0's step now; the row's is the last logged one
+    restarts, events = restarts_and_events(run_dir, int(row.get("restarts") or 0))
+    return {
+        **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
+        "view": "run", "step": step if step is not None else row.get("step"),
+        "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
+        "step_times": heatmap(metrics, "step_time_s_per_rank"), "memory": memory_per_rank(metrics, summary),
+        "restarts": restarts, "events": events, "ranks": rank_logs(run_dir),
+        "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "final_loss", "goodput",
+                                                "time_to_first_step_s", "error")} if summary else None,
+        "read_at": time.time(),
+    }
+
+
+def rank_logs(run_dir: Path) -> List[int]:
+    folder = run_dir / "logs"
+    found = [RANK_LOG.match(p.name) for p in folder.iterdir()] if folder.is_dir() else []
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def tail_lines(path: Path, count: int) -> List[str]:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return [line.rstrip("\n") for line in deque(f, maxlen=count)]
+    except OSError:
+        return []
+
+
+def log_view(run_dir: Path, rank: Optional[int], count: int, grep: str = "") -> Dict[str, Any]:
+    """One rank's newest lines, or every rank's prefixed with [rank K] (rank None), optionally filtered."""
+    ranks = rank_logs(run_dir)
+    chosen = ranks if rank is None else [r for r in ranks if r == rank]
+    count = max(1, min(count, MAX_LOG_LINES))
+    lines: List[str] = []
+    for r in chosen:
+        prefix = f"[rank {r}] " if rank is None else ""
+        lines += [prefix + line for line in tail_lines(run_dir / "logs" / f"rank-{r}.log", count)]
+    if grep:
+        lines = [line for line in lines if grep in line]
+    return {"ranks": ranks, "rank": rank, "lines": lines[-count:] if rank is not None else lines}

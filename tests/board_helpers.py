@@ -1,0 +1,105 @@
+"""Start and stop a real `python -m launcher board` for the board's tests, and drive Debian's chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import pytest
+
+from tests.helpers import kill_group, start_launcher
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+
+
+def _no_browser_reason() -> Optional[str]:
+    """Why the browser tests cannot run here, or None: they need a system chromium and playwright (its
+    driver only: it never downloads a browser here)."""
+    import importlib.util
+
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed: pip install -e '.[test]'"
+    if CHROMIUM is None:
+        return "no chromium binary: apt-get install chromium (tests/run.sh does as root)"
+    return None
+
+
+NO_BROWSER = _no_browser_reason()
+needs_browser = pytest.mark.skipif(NO_BROWSER is not None, reason=str(NO_BROWSER))
+
+
+@contextlib.contextmanager
+def board(root: Path, *extra: str) -> Iterator[Tuple[str, subprocess.Popen]]:
+    """A board on a free port serving root: yields its URL; stops it (by its process group) after."""
+    proc = start_launcher(["board", str(root), "--port", "0", *extra], cwd=root)
+    try:
+        yield wait_for_url(proc, timeout=60), proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(proc)
+        proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def wait_for_url(proc: subprocess.Popen, timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline, seen = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            seen += line
+            match = re.search(r"(http://\S+?)/? ", line)
+            if match:
+                return match.group(1)
+            if not line and proc.poll() is not None:
+                break
+    raise AssertionError(f"the board printed no URL within {timeout}s:\n{seen}")
+
+
+def get(url: str, host: Optional[str] = None, method: str = "GET") -> Tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, headers={"Host": host} if host else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def get_json(url: str) -> Dict[str, Any]:
+    status, body = get(url)
+    assert status == 200, (url, status, body[:300])
+    return json.loads(body)
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator[Any]:
+    """A headless chromium page (the system's binary) that records console errors in page.errors."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], env={**os.environ})
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.errors = []
+            page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: page.errors.append(str(e)))
+            page.set_default_timeout(60_000)
+            yield page
+        finally:
+            browser.close()

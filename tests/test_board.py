@@ -1,0 +1,231 @@
+"""`python -m launcher board` against real runs: its APIs, its refusals, and the page in a real headless chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.board.views import heatmap, inside
+from tests.board_helpers import board, browser_page, get, get_json, needs_browser
+from tests.helpers import QUICK, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """An output directory with one real completed 2-rank run (its processes all ended)."""
+    out = tmp_path_factory.mktemp("board-runs")
+    result = run_launcher(["--gpus", "2", f"output_dir={out}", "run_id=done", "trainer.steps=20", "trainer.log_every=5",
+                           *QUICK], cwd=out, timeout=240)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def board_rows(url: str) -> list:
+    return get_json(f"{url}/api/runs")["runs"]
+
+
+# --- pure units -----------------------------------------------------------------------------------------
+
+def test_inside_keeps_every_path_under_the_output_directory(tmp_path):
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    (tmp_path / "escape").symlink_to("/etc")
+    assert inside(tmp_path, "run") == (tmp_path / "run").resolve()
+    assert inside(tmp_path, "run/logs/../logs") == (tmp_path / "run" / "logs").resolve()
+    for bad in ("..", "../x", "run/../../x", "/etc", "escape", "escape/passwd", "run/\x00"):
+        assert inside(tmp_path, bad) is None, bad
+
+
+def test_heatmap_is_ranks_by_log_steps():
+    rows = [{"step": 5, "step_time_s_per_rank": [0.01, 0.05]}, {"step": 10}, {"step": 15, "step_time_s_per_rank": [0.02, 0.06]}]
+    assert heatmap(rows, "step_time_s_per_rank") == {"steps": [5, 15], "ranks": [0, 1], "z": [[0.01, 0.02], [0.05, 0.06]]}
+
+
+def ls_json(root: Path) -> list:
+    done = run_launcher(["ls", str(root), "--json"], cwd=root, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+# --- the command's refusals ------------------------------------------------------------------------------
+
+def board_command(args, cwd, prelude: str = "pass") -> tuple:
+    code = f"import sys; {prelude}; from launcher.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = run_bounded([sys.executable, "-c", code, "board", *args], cwd, timeout=60)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
+    code, err = board_command([str(runs), "--host", "0.0.0.0"], tmp_path)
+    assert code == 2 and len(err) == 1 and "--expose" in err[0], err
+    code, err = board_command([str(tmp_path / "nope")], tmp_path)
+    assert code == 2 and len(err) == 1 and "not a directory" in err[0], err
+    code, err = board_command([str(runs)], tmp_path, prelude="sys.modules['flask'] = None")
+    assert code == 2 and err == ["error: the board needs flask: pip install -e .[board]"], err
+    with board(runs) as (url, _):
+        port = url.rsplit(":", 1)[1]
+        code, err = board_command([str(runs), "--port", port], tmp_path)
+    assert code == 2 and len(err) == 1 and "--port" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == [], "a refused board leaves nothing behind"
+
+
+def test_the_rest_of_the_launcher_does_not_import_the_board_dependencies(tmp_path):
+    code = ("import sys; sys.modules['flask'] = sys.modules['plotly'] = None; from launcher.cli import main; "
+            "sys.exit(main(['--dry-run', '--gpus', '2']))")
+    done = run_bounded([sys.executable, "-c", code], tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# --- the served APIs, over HTTP ----------------------------------------------------------------------------
+
+def test_only_files_under_the_output_directory_are_served(runs, tmp_path):
+    secret = tmp_path / "secret-run"
+    (secret / "logs").mkdir(parents=True)
+    (secret / "logs" / "rank-0.log").write_text("SECRET-LINE\n")
+    link = runs / "link-out"
+    link.symlink_to(secret)
+    try:
+        with board(runs) as (url, _):
+            assert get(f"{url}/api/run?path=done")[0] == 200
+            assert "[rank 1]" in get(f"{url}/api/logs?path=done&rank=all")[1].decode()
+            for path in ("..", f"../{secret.name}", str(secret), "link-out", "done/../..", "%2e%2e", "done/../../etc"):
+                for api in ("run", "logs"):
+                    status, body = get(f"{url}/api/{api}?path={path}")
+                    assert status == 404 and b"SECRET" not in body, (api, path, status)
+            for path in ("/static/..%2fviews.py", "/static/../views.py", "/static/%2e%2e%2fserver.py", "/../../etc/passwd"):
+                status, body = get(url + path)
+                assert status == 404 and b"import" not in body, (path, status)
+            assert get(f"{url}/api/logs?path=done&rank=../../x")[0] == 400
+            assert get(f"{url}/api/runs", host="attacker.example:80")[0] == 403  # DNS rebinding
+            assert get(f"{url}/api/runs", method="POST")[0] == 405  # read-only
+    finally:
+        link.unlink()
+
+
+def test_the_run_api_has_every_rank_step_times_and_memory(runs):
+    metrics = read_metrics(runs / "done")
+    assert all(len(m["step_time_s_per_rank"]) == 2 and len(m["rss_mb_per_rank"]) == 2 for m in metrics)
+    with board(runs) as (url, _):
+        view = get_json(f"{url}/api/run?path=done")
+    assert view["status"] == "completed" and view["step"] == 20 and view["steps"] == 20
+    assert view["series"]["step"] == [5, 10, 15, 20] and all(loss > 0 for loss in view["series"]["loss"])
+    assert view["step_times"]["ranks"] == [0, 1] and len(view["step_times"]["z"][1]) == 4
+    assert len(view["memory"]["mb"]) == 2 and min(view["memory"]["mb"]) > 50
+    assert view["ranks"] == [0, 1] and view["restarts"] == 0
+
+
+@pytest.mark.timeout(400)
+def test_restarts_and_hang_verdicts_show_in_the_run_view(tmp_path):
+    """A rank that fails once (a restart, then completed) and a rank that hangs (the watchdog's verdict)."""
+    common = ["--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=30", "trainer.log_every=5", *QUICK]
+    done = run_launcher([*common, "run_id=restarted", "launcher.max_restarts=1"], cwd=tmp_path, timeout=240,
+                        env={"LAUNCHER_INJECT_FAULT": "rank=1,step=5"})
+    assert done.returncode == 0, done.stderr
+    hung = run_launcher([*common, "run_id=hung", "watchdog.timeout_s=5"], cwd=tmp_path, timeout=240,
+                        env={"LAUNCHER_INJECT_FAULT": "rank=1,step=5,action=hang"})
+    assert hung.returncode != 0
+    with board(tmp_path) as (url, _):
+        restarted = get_json(f"{url}/api/run?path=restarted")
+        hang = get_json(f"{url}/api/run?path=hung")
+    assert restarted["status"] == "completed" and restarted["restarts"] == 1 and restarted["step"] == 30
+    texts = [e["text"] for e in restarted["events"]]
+    assert texts[0] == "attempt 0 failed" and any("rank 1 failed" in t and "restarting" in t for t in texts), texts
+    assert hang["status"] == "failed" and "hang" in hang["summary"]["error"], hang["summary"]
+    assert any("watchdog: ranks made no progress" in e["text"] for e in hang["events"]), hang["events"]
+
+
+# --- the page, in a real browser -----------------------------------------------------------------------------
+
+@needs_browser
+def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
+    with board(runs) as (url, _), browser_page() as page:
+        page.goto(url + "/")
+        page.wait_for_selector("#runs tbody tr")
+        on_screen = {tr.get_attribute("data-run-id"): tr.inner_text().split("\t")
+                     for tr in page.query_selector_all("#runs tbody tr.run")}
+        expected = {row["run_id"]: row for row in ls_json(runs)}
+        assert set(on_screen) == set(expected) and "done" in on_screen
+        for run_id, cells in on_screen.items():
+            row = expected[run_id]
+            progress = "" if row["step"] is None else f"{row['step']}/{row['steps']}" if row["steps"] else str(row["step"])
+            assert cells[1:4] == [row["kind"], row["status"], progress], cells
+        page.click("#runs a:text('done')")
+        page.wait_for_selector("#heatmap .main-svg")
+        assert page.inner_text("#step") == "step 20/20" and "completed" in page.inner_text("#status")
+        assert page.locator("#heatmap .hm").count() == 1 and page.locator("#loss .scatterlayer .trace").count() == 1
+        page.click("#logs-link")
+        page.wait_for_function("(document.querySelector('#log')?.textContent || '').includes('[rank 1]')")
+        log = page.inner_text("#log")
+        assert "[rank 0] step 20/20" in log and "[rank 1] rank 1/2" in log
+        page.click("button[data-rank='1']")
+        page.wait_for_function("(document.querySelector('#log')?.textContent || '').startsWith('rank 1/2')")
+        assert "rank 0/2" not in page.inner_text("#log")
+        assert page.errors == []
+
+
+@needs_browser
+def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
+    job = start_launcher(["--gpus", "2", f"output_dir={runs}", "run_id=live", "trainer.steps=1000000",
+                          "trainer.log_every=10", *QUICK], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not (runs / "live" / "plan.json").is_file() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)  # the page of a run that does not exist yet is a 404 (a console error)
+        with board(runs) as (url, _), browser_page() as page:
+            page.goto(url + "/run?path=live")
+            step = page.locator("#step")
+            page.wait_for_function("/step [1-9]\\d*\\//.test(document.querySelector('#step')?.textContent || '')",
+                                   timeout=180_000)
+            first = int(re.search(r"step (\d+)/", step.inner_text()).group(1))
+            assert page.inner_text("#status") == "status: running"
+            page.wait_for_function(f"parseInt(((document.querySelector('#step')?.textContent || '').match(/step (\\d+)/) || [0, 0])[1]) > {first}",
+                                   timeout=60_000)
+            page.goto(url + "/")
+            page.wait_for_selector("#runs tr[data-run-id='live'] td.status")
+            assert page.inner_text("#runs tr[data-run-id='live'] td.status") == "running"
+            assert page.errors == []
+    finally:
+        kill_group(job)
+        job.communicate(timeout=30)
+    time.sleep(0.5)
+    with board(runs) as (url, _):
+        assert {r["run_id"]: r["status"] for r in board_rows(url)}["live"] == "dead"  # killed: its lock is gone
+
+
+@needs_browser
+def test_a_sweep_shows_its_members_and_a_failed_member_its_failure(tmp_path):
+    """A sweep folder in the agreed sweep.json format around two real runs, one failing at step 3."""
+    out = tmp_path / "out"
+    sweep = out / "sweep-t"
+    members = []
+    for index, (steps, fault) in enumerate((("8", None), ("12", "rank=0,step=3"))):
+        env = {"LAUNCHER_INJECT_FAULT": fault} if fault else None
+        done = run_launcher(["--gpus", "1", f"output_dir={sweep}", f"run_id=m{index}", f"trainer.steps={steps}",
+                             "trainer.log_every=2", *QUICK], cwd=tmp_path, timeout=240, env=env)
+        assert done.returncode == (1 if fault else 0), done.stderr
+        members.append({"index": index, "overrides": {"trainer.steps": steps}, "run_dir": f"m{index}",
+                        "status": "failed" if fault else "completed"})
+    (sweep / "sweep.json").write_text(json.dumps({
+        "kind": "sweep", "sweep_id": "sweep-t", "created": time.time(), "cluster": "local", "keys": ["trainer.steps"],
+        "base_args": ["--gpus", "1"], "members": members}))
+    with board(out) as (url, _), browser_page() as page:
+        page.goto(url + "/")
+        page.wait_for_selector("#runs tr.member")
+        assert [tr.inner_text().split("\t")[:3] for tr in page.query_selector_all("#runs tr.member")] == [
+            ["trainer.steps=8", "local", "completed"], ["trainer.steps=12", "local", "failed"]]
+        page.click("#runs tr.run a")
+        page.wait_for_selector("#group-table td")
+        assert page.inner_text("#status") == "status: failed" and page.locator("#chart-0 .bars").count() == 1
+        rows = [tr.inner_text().split("\t")[:3] for tr in page.query_selector_all("#group-table tbody tr")]
+        assert rows == [["trainer.steps=8", "completed", "8/8"], ["trainer.steps=12", "failed", "2/12"]], rows
+        page.click("#group-table a:text('trainer.steps=12')")
+        page.wait_for_selector("#events li")
+        page.wait_for_function("(document.querySelector('#events')?.textContent || '').includes('attempt 0 failed')")
+        assert page.errors == []
