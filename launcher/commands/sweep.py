@@ -121,9 +121,9 @@ def start(sweep: Dict[str, Any], sweep_dir: Path, configs: List[Config], todo: L
           wait: bool) -> int:
     """Run the members in todo: here as a queue, or on SLURM as one job array. The caller holds the sweep."""
     if sweep["cluster"] == "slurm":
-        from launcher.backends.slurm.array import submit_array  # submitit, only for SLURM sweeps
+        from launcher.commands.sweep_slurm import run_array  # submitit, only for SLURM sweeps
 
-        return submit_array(sweep, sweep_dir, [(sweep["members"][i], configs[i]) for i in todo], parallel, wait)
+        return run_array(sweep, sweep_dir, [(sweep["members"][i], configs[i]) for i in todo], parallel, wait)
     return run_members(sweep, sweep_dir, todo, parallel)
 
 

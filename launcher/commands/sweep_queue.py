@@ -106,6 +106,11 @@ def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], paralle
         print(f"sweep {sweep['sweep_id']}: stopped; {len(left)} member(s) unfinished; "
               f"`python -m launcher resume {sweep_dir}` runs them", file=sys.stderr, flush=True)
         raise
+    return report(sweep, sweep_dir)
+
+
+def report(sweep: Dict[str, Any], sweep_dir: Path) -> int:
+    """The members' table and one line; the sweep's exit code: 0 when every member completed."""
     print_table(sweep, sweep_dir)
     failed = [m for m in sweep["members"] if m["status"] != "completed"]
     print(f"sweep {sweep['sweep_id']}: {len(sweep['members']) - len(failed)}/{len(sweep['members'])} members completed"
