@@ -15,7 +15,8 @@ import pytest
 
 from launcher.commands.sweep_plan import expand, is_grid_item, member_argv, member_name, parse_grid, read_list
 from launcher.errors import ConfigError
-from tests.helpers import QUICK, descendants, kill_group, read_summary, run_launcher, start_launcher, wait_gone
+from tests.helpers import (QUICK, descendants, kill_group, read_summary, run_launcher, slurm_unavailable, start_launcher,
+                           wait_gone)
 
 # A tiny member: records what it got and when it ran; fails on purpose as member m003 (trainer.lr=0.2,
 # seed=2: its run id says so) while the file named by its last argument exists (so a test can "fix" it).
@@ -184,20 +185,10 @@ def test_ctrl_c_stops_the_running_members_cleanly_and_resume_knows_what_is_unfin
 
 # ---- SLURM: one job array -----------------------------------------------------------------------
 
-def _slurm_ok() -> str:
-    if not os.environ.get("SLURM_CONF"):
-        return "SLURM_CONF is not set: bring up cluster/devcluster/up.sh (tests/run.sh does)"
-    try:
-        done = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"sinfo failed ({e.__class__.__name__})"
-    return "" if done.returncode == 0 else f"sinfo failed: {done.stderr.strip()[:200]}"
-
-
 @pytest.fixture
 def slurm_out(tmp_path):
     """The output dir of a SLURM sweep test; every array it submitted is cancelled afterwards."""
-    reason = _slurm_ok()
+    reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
     yield tmp_path
