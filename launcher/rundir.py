@@ -20,6 +20,7 @@ from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan
+from launcher.provenance import capture
 from trainers.goodput import format_goodput, job_goodput
 
 SUMMARY_KEYS = (
@@ -115,6 +116,7 @@ def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Lo
     log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     write_json(run_dir / "plan.json", redact(plan.to_dict()))  # the workers get the real command
+    capture.start(run_dir, cfg.script.path, cfg.script.module, write_atomic)  # env/: in the background
     for notice in plan.notices:
         log.info(notice)
     if plan.start_method == "spawn":
@@ -150,6 +152,7 @@ def finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]],
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         logging.getLogger("launcher").info(f"summary.json not written: {run_dir} is full ({e.strerror})")
+    capture.wait()  # env/ of a run that ended before its capture did
     return summary
 
 

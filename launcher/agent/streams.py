@@ -7,7 +7,9 @@ thread of the agent reads them all:
   prefix, stdout lines on the launcher's stdout and stderr lines on its stderr, as torchrun's
   ``--tee`` would, but never a prefix in the middle of a line and never two (torch's own warnings
   already start with ``[rank<k>]:``);
-- a status line ``done CODE`` records when the rank's script returned, and with what code.
+- a status line ``done CODE`` records when the rank's script returned, and with what code;
+- ``logs/rank-<k>.log.times`` records when the log's bytes arrived: ``OFFSET UNIX_TIME`` per line,
+  at most one every TIMES_EVERY_S, so `logs --all` can interleave the ranks after the fact.
 """
 
 from __future__ import annotations
@@ -23,6 +25,26 @@ from typing import BinaryIO, Dict, List, Optional, Tuple
 
 MAX_PENDING = 1 << 16  # a line longer than this is shown in pieces rather than held back
 DRAIN_S = 2.0  # after the workers exited, how long to wait for their last bytes (a child may hold a pipe)
+TIMES_EVERY_S = 0.01  # arrival times closer than this share one entry: `logs --all` orders ranks to about this
+TIMES_SUFFIX = ".times"
+
+
+@dataclass
+class _ArrivalTimes:
+    """rank-<k>.log.times: the log's offset and the wall time whenever bytes arrive after a pause."""
+
+    file: Optional[BinaryIO]
+    last: float = 0.0
+
+    def note(self, offset: int) -> None:
+        now = time.time()
+        if self.file is None or now - self.last < TIMES_EVERY_S:
+            return
+        self.last = now
+        try:
+            self.file.write(f"{offset} {now:.3f}\n".encode())
+        except OSError:  # a full disk: the log matters more than its times
+            self.file = None
 
 
 @dataclass
@@ -51,13 +73,16 @@ class OutputRouter(threading.Thread):
         self._halt = threading.Event()
         self._console = console
         self.status: Dict[int, RankStatus] = {}
+        self._times: Dict[int, _ArrivalTimes] = {}  # by id() of the log file object
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
 
     def add(self, rank: int, stdout_fd: int, stderr_fd: int, status_fd: int, log_path: str) -> None:
         log = open(log_path, "ab", buffering=0)
+        times = open(log_path + TIMES_SUFFIX, "ab", buffering=0)
         with self._lock:
-            self._logs.append(log)
+            self._logs += [log, times]
+            self._times[id(log)] = _ArrivalTimes(times)
             self.status[rank] = RankStatus()
             for fd, kind in ((stdout_fd, "out"), (stderr_fd, "err"), (status_fd, "status")):
                 os.set_blocking(fd, False)
@@ -93,6 +118,7 @@ class OutputRouter(threading.Thread):
             return
         if source.log is not None:
             try:
+                self._times[id(source.log)].note(source.log.tell())
                 source.log.write(chunk)
             except OSError:  # a full disk: the console still shows the rank, and its error names the disk
                 source.log = None

@@ -18,6 +18,13 @@ _SECRET_NAME = re.compile(r"(api[-_]?key|(^|[-_])key$|token|secret|passw(or)?d|c
 _SECRET_VALUE = re.compile(
     r"^([0-9a-f]{40}|(AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}"
     r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})$")
+# In free text (a saved git diff): the same shapes inside a line (not 40 hex digits: diffs name commits),
+# and the value of an assignment to a secret-named variable (API_KEY = "...", token: ...).
+_SECRET_IN_TEXT = re.compile(
+    r"((AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})")
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?i)((?:api[-_]?key|[A-Za-z0-9]*[-_]key|token|secret|passw(?:or)?d|credential)[\w-]*[\"']?\s*[:=]\s*[\"']?)([^\s\"',;]+)")
 
 
 def is_secret_name(name: str) -> bool:
@@ -34,6 +41,12 @@ def redact(value: Any) -> Any:
     if isinstance(value, str) and _SECRET_VALUE.match(value):
         return REDACTED
     return value
+
+
+def redact_text(text: str) -> str:
+    """Free text with key-shaped values and the values of secret-named assignments replaced by <redacted>."""
+    text = _SECRET_IN_TEXT.sub(REDACTED, text)
+    return _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def redact_argv(argv: List[Any]) -> List[Any]:

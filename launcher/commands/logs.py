@@ -1,0 +1,208 @@
+"""`python -m launcher logs RUN [--rank K | --all] [-f] [--grep PATTERN]`: the workers' logs of any run.
+
+A rank's log is logs/rank-<k>.log and, after restarts, logs/rank-<k>.attempt-<n>.log (printed in
+attempt order). `--all` interleaves every rank's lines, each prefixed `[rank<k>]: ` as on the
+console, ordered by when they arrived (logs/rank-<k>.log.times, written by launcher.agent.streams;
+a log without one, from an older run, follows the others' in rank order). `-f` follows until the
+run ends: its launcher's lock is released (launcher.runlock), or for a SLURM job, sacct says it ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional, Pattern, Tuple
+
+from launcher.agent.streams import TIMES_SUFFIX
+from launcher.errors import ConfigError
+from launcher.rundir import read_json
+from launcher.runindex import is_run_dir
+from launcher.runlock import live_holders
+from launcher.usage import OneLineParser
+
+POLL_S = 0.5
+ATTEMPT = re.compile(r"^rank-(\d+)(?:\.attempt-(\d+))?\.log$")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m launcher logs", description="Print (or follow) the workers' logs of a run: "
+                      "one rank's, or every rank's interleaved in time order.")
+    p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
+    p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default 0)")
+    which.add_argument("--all", action="store_true", help="every rank's lines, interleaved in time order, rank-prefixed")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing what the logs gain until the run ends")
+    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
+    return p
+
+
+def main(argv: List[str]) -> int:
+    args = build_parser().parse_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    try:
+        pattern = re.compile(args.grep) if args.grep else None
+    except re.error as e:
+        raise ConfigError(f"--grep {args.grep}: not a regular expression ({e}); quote it, or escape special characters with \\") from None
+    run_dir = locate_run(args.run, args.output_dir)
+    ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, 0 if args.rank is None else args.rank)]
+    out = sys.stdout
+    with_prefix = bool(args.all)
+    for line in interleaved(run_dir, ranks, with_prefix, required=not args.follow):
+        if pattern is None or pattern.search(line):
+            out.write(line)
+    out.flush()
+    if args.follow:
+        follow(run_dir, ranks, with_prefix, pattern)
+    return 0
+
+
+def locate_run(run: str, output_dir: str) -> Path:
+    """RUN is a run directory, a run id under output_dir, or a SLURM job id one of them recorded."""
+    for candidate in (Path(run), Path(output_dir) / run):
+        if candidate.is_dir() and is_run_dir(candidate):
+            return candidate.resolve()
+    if run.isdigit():
+        for job_file in sorted(Path(output_dir).glob("*/job.json")):
+            if str(read_json(job_file).get("job_id")) == run:
+                return job_file.parent.resolve()
+    raise ConfigError(f"no run '{run}': pass a run directory, a run id under {output_dir}/ or a SLURM job id "
+                      f"(`python -m launcher ls {output_dir}` lists them); --output-dir DIR if the runs are elsewhere")
+
+
+def world_size(run_dir: Path) -> int:
+    """How many ranks the run has: its summary or plan, its SLURM record, else the logs there are."""
+    for name in ("summary.json", "plan.json"):
+        path = run_dir / name
+        if path.is_file():
+            size = read_json(path).get("world_size")
+            if isinstance(size, int) and size > 0:
+                return size
+    job = run_dir / "job.json"
+    if job.is_file():
+        record = read_json(job)
+        if record.get("nodes") and record.get("gpus_per_node"):
+            return int(record["nodes"]) * int(record["gpus_per_node"])
+    found = [int(m.group(1)) for m in map(ATTEMPT.match, _log_names(run_dir)) if m]
+    return max(found) + 1 if found else 1
+
+
+def check_rank(run_dir: Path, rank: int) -> int:
+    size = world_size(run_dir)
+    if not 0 <= rank < size:
+        raise ConfigError(f"--rank {rank} is out of range: run {run_dir.name} has ranks 0-{size - 1}")
+    return rank
+
+
+def rank_files(run_dir: Path, rank: int) -> List[Path]:
+    """rank-<k>.log, then its restarted attempts' logs in attempt order."""
+    found = []
+    for name in _log_names(run_dir):
+        match = ATTEMPT.match(name)
+        if match and int(match.group(1)) == rank:
+            found.append((int(match.group(2) or 0), run_dir / "logs" / name))
+    return [path for _, path in sorted(found)]
+
+
+def interleaved(run_dir: Path, ranks: List[int], prefix: bool, required: bool = True) -> Iterator[str]:
+    """Every line of these ranks' logs; with several ranks, merged by arrival time (rank order breaks ties)."""
+    streams = []
+    for rank in ranks:
+        files = rank_files(run_dir, rank)
+        if not files and len(ranks) == 1 and required:
+            raise ConfigError(no_log_yet(run_dir, rank))
+        streams.append(timed_lines(files, rank, f"[rank{rank}]: " if prefix else ""))
+    for _, _, line in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
+        yield line
+
+
+def timed_lines(files: List[Path], rank: int, prefix: str) -> Iterator[Tuple[float, int, str]]:
+    """(arrival time, rank, line) for each line; a line's time is that of the write its first byte came in."""
+    last = 0.0
+    for path in files:
+        offsets, times = read_times(path)
+        offset = 0
+        with path.open("rb") as f:
+            for raw in f:
+                i = bisect.bisect_right(offsets, offset) - 1
+                last = max(last, times[i] if i >= 0 else last)  # no times file: keep the order of this rank's lines
+                offset += len(raw)
+                yield (last if offsets else float("inf"), rank, prefix + raw.decode("utf-8", errors="replace"))
+
+
+def read_times(log: Path) -> Tuple[List[int], List[float]]:
+    offsets: List[int] = []
+    times: List[float] = []
+    try:
+        text = (log.parent / (log.name + TIMES_SUFFIX)).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return offsets, times
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                offsets.append(int(parts[0]))
+                times.append(float(parts[1]))
+            except ValueError:
+                continue
+    return offsets, times
+
+
+def follow(run_dir: Path, ranks: List[int], prefix: bool, pattern: Optional[Pattern[str]]) -> None:
+    """Print the lines the logs gain (new attempts' files included) until the run has ended."""
+    positions = {path: path.stat().st_size for rank in ranks for path in rank_files(run_dir, rank)}
+    pending = {path: b"" for path in positions}
+    while True:
+        running = still_running(run_dir)
+        for rank in ranks:
+            for path in rank_files(run_dir, rank):
+                data = _read_from(path, positions.get(path, 0))
+                positions[path] = positions.get(path, 0) + len(data)
+                *lines, pending[path] = (pending.get(path, b"") + data).split(b"\n")
+                for raw in lines:
+                    line = (f"[rank{rank}]: " if prefix else "") + raw.decode("utf-8", errors="replace") + "\n"
+                    if pattern is None or pattern.search(line):
+                        sys.stdout.write(line)
+        sys.stdout.flush()
+        if not running:
+            return
+        time.sleep(POLL_S)
+
+
+def still_running(run_dir: Path) -> bool:
+    """A launcher holds the run's lock; or it is a SLURM job that has not ended (queued, or between attempts)."""
+    if live_holders(run_dir):
+        return True
+    if not (run_dir / "job.json").is_file():
+        return False
+    from launcher.backends.slurm.records import FINAL_STATES, job_state  # only SLURM runs ask the scheduler
+
+    return job_state(str(read_json(run_dir / "job.json")["job_id"])) not in FINAL_STATES
+
+
+def no_log_yet(run_dir: Path, rank: int) -> str:
+    have = sorted(n for n in _log_names(run_dir) if ATTEMPT.match(n))
+    if have:
+        return f"no log for rank {rank} in {run_dir / 'logs'}: logs there: {', '.join(have)}"
+    if (run_dir / "job.json").is_file():
+        return (f"no log for rank {rank} in {run_dir / 'logs'}: the job has not started its workers yet "
+                f"(`python -m launcher status {run_dir}`); SLURM's own output is in {run_dir}/slurm/")
+    return f"no log for rank {rank} in {run_dir / 'logs'}: the run has not started its workers (see logs/launcher.log)"
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _log_names(run_dir: Path) -> List[str]:
+    logs = run_dir / "logs"
+    return sorted(p.name for p in logs.iterdir()) if logs.is_dir() else []

@@ -1,0 +1,128 @@
+"""`python -m launcher ls [OUTPUT_DIR] [--status S] [--since 2h] [--json]`: every run, one line each.
+
+The rows are launcher.runindex's; this module filters them and prints a table (or the rows as JSON).
+A sweep, comparison or scaling sweep prints as its own line with its runs indented under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from launcher.errors import ConfigError
+from launcher.runindex import STATUSES, list_runs
+from launcher.usage import OneLineParser
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+COLUMNS = ("run", "kind", "status", "step", "samples/s", "goodput", "restarts", "age", "command")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m launcher ls", description="List every run under an output directory: "
+                      "status (live), progress, throughput, goodput, restarts, age, and what to run next.")
+    p.add_argument("output_dir", nargs="?", default="launcher_runs", metavar="OUTPUT_DIR",
+                   help="where the runs are (default launcher_runs); a sweep folder lists its runs")
+    p.add_argument("--status", metavar="S", help=f"only runs with this status: {', '.join(STATUSES)} (comma-separated for several)")
+    p.add_argument("--since", metavar="WHEN", help="only runs started since: 30m, 2h, 1d, or an ISO date/time (2026-11-23T10:00)")
+    p.add_argument("--json", action="store_true", help="print the rows as a JSON list (the board reads the same)")
+    return p
+
+
+def main(argv: List[str]) -> int:
+    args = build_parser().parse_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    root = Path(args.output_dir)
+    if not root.is_dir():
+        raise ConfigError(f"no directory {root}: pass the output directory that holds the runs "
+                          f"(`python -m launcher ls DIR`; the default is launcher_runs)")
+    wanted = parse_statuses(args.status) if args.status else None
+    since = parse_since(args.since, time.time()) if args.since else None
+    rows = filter_rows(list_runs(root), wanted, since)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        print_table(rows)
+    return 0
+
+
+def parse_statuses(text: str) -> List[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in chosen if s not in STATUSES]
+    if bad or not chosen:
+        raise ConfigError(f"--status {text}: choose from {', '.join(STATUSES)}")
+    return chosen
+
+
+def parse_since(text: str, now: float) -> float:
+    """30m / 2h / 1d / 1w ago, or an ISO date or date-time (local time unless it names a zone)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if match:
+        return now - float(match.group(1)) * UNITS[match.group(2)]
+    try:
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ConfigError(f"--since {text}: expected a duration such as 30m, 2h, 1d, or an ISO date such as "
+                          f"2026-11-23 or 2026-11-23T10:00") from None
+
+
+def filter_rows(rows: List[Dict[str, Any]], statuses: Optional[List[str]], since: Optional[float]) -> List[Dict[str, Any]]:
+    """Keep rows that match; a sweep (or compare, scale) stays when any of its runs matches, with those runs only."""
+    kept = []
+    for row in rows:
+        if since is not None and (row["started"] or 0) < since:
+            continue
+        if statuses is not None and "members" in row:
+            members = [m for m in row["members"] if m["status"] in statuses]
+            if row["status"] not in statuses and not members:
+                continue
+            row = {**row, "members": members if row["status"] not in statuses else row["members"]}
+        elif statuses is not None and row["status"] not in statuses:
+            continue
+        kept.append(row)
+    return kept
+
+
+def print_table(rows: List[Dict[str, Any]]) -> None:
+    if not rows:
+        print("no runs")
+        return
+    lines = [list(COLUMNS)]
+    for row in rows:
+        lines.append(cells(row, row["run_id"]))
+        for member in row.get("members") or []:
+            varied = " ".join(f"{k}={v}" for k, v in (member.get("overrides") or {}).items())
+            lines.append(cells(member, f"  {member['run_id']}" + (f" [{varied}]" if varied else "")))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS) - 1)]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
+    counts: Dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    print(f"{len(rows)} run(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def cells(row: Dict[str, Any], name: str) -> List[str]:
+    step = "" if row["step"] is None else str(row["step"])
+    if row["steps"] is not None:
+        step = f"{step or 0}/{row['steps']}"
+    return [
+        name, row["kind"], row["status"], step,
+        "" if row["throughput"] is None else f"{row['throughput']:.0f}",
+        "" if row["goodput"] is None else f"{100 * row['goodput']:.0f}%",
+        str(row["restarts"] or 0), format_age(row["age_s"]), row["command"],
+    ]
+
+
+def format_age(age_s: Optional[float]) -> str:
+    if age_s is None:
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if age_s >= size:
+            return f"{age_s / size:.0f}{unit}"
+    return f"{age_s:.0f}s"

@@ -1,0 +1,1 @@
+"""What produced a run: its code, packages, machine and environment (launcher.provenance.capture)."""

@@ -1,0 +1,285 @@
+"""Every run under an output directory, one row each: what `ls` prints and the board shows.
+
+A row is read from the files a run leaves (launcher.rundir), never from a scheduler: status from
+the run's lock (launcher.runlock: a live holder means running, a run that claims to run without
+one is dead) and summary.json, progress and throughput from the last line of metrics.jsonl (its
+tail only), the step target from config.yaml. Sweeps (sweep.json), comparisons and scaling sweeps
+are one row each, with their runs as `members`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Set, Union
+
+from launcher.runlock import live_holders
+
+STATUSES = ("running", "completed", "failed", "interrupted", "dead", "unknown")
+# summary.json's own words -> the index's (a hang is a kind of failure; its error says which rank)
+SUMMARY_STATUS = {"completed": "completed", "failed": "failed", "hung": "failed", "interrupted": "interrupted"}
+KIND_BY_MODE = {"single": "local", "simulated": "simulated", "static": "multinode", "c10d": "multinode"}
+TAIL_BYTES = 8192
+RUN_FILES = frozenset(("plan.json", "config.yaml", "job.json"))  # any of them: a run directory
+# trainer.steps and script.path in a recorded config.yaml (launcher.config.schema.to_yaml): found, not parsed (fast)
+STEPS_LINE = re.compile(r"^  steps: (\d+)\s*$", re.M)
+SCRIPT_PATH = re.compile(r"^script:\n  path: (.*)$", re.M)
+
+
+def list_runs(root: Path, now: Optional[float] = None) -> List[Dict[str, Any]]:
+    """One row per run, sweep, comparison or scaling sweep directly under root, oldest first.
+
+    A root that is itself a run (or a sweep) lists that one run."""
+    root = Path(root).resolve()
+    now = time.time() if now is None else now
+    if is_run_dir(root) or (root / "sweep.json").is_file():
+        candidates: Iterable[Path] = [root]
+    else:
+        candidates = sorted(p for p in _subdirs(root))
+    rows = [row for row in (read_entry(path, now) for path in candidates) if row is not None]
+    rows.sort(key=lambda r: (r["started"] or 0, r["run_id"]))
+    return rows
+
+
+def read_entry(path: Path, now: float) -> Optional[Dict[str, Any]]:
+    """The row for one directory, or None if it holds no run."""
+    names = _names(path)  # one listing per directory, then only the files that are there are opened
+    if "sweep.json" in names:
+        return sweep_row(path, now)
+    if "compare.json" in names or (path.name.startswith("compare-") and "runs" in names):
+        return group_row(path, "compare", now)
+    if "scale.json" in names or (path.name.startswith("scale-") and "runs" in names):
+        return group_row(path, "scale", now)
+    if RUN_FILES & names:
+        return run_row(path, now, names)
+    return None
+
+
+def is_run_dir(path: Path) -> bool:
+    return bool(RUN_FILES & _names(path))
+
+
+def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict[str, Any]:
+    """One run's row: its kind, live status, progress, throughput, goodput, restarts and age."""
+    names = _names(run_dir) if names is None else names
+    here = str(run_dir)
+
+    def read(name: str) -> Dict[str, Any]:
+        return _read_json(os.path.join(here, name)) if name in names else {}
+
+    summary, plan, job = read("summary.json"), read("plan.json"), read("job.json")
+    last = last_metrics(os.path.join(here, "metrics.jsonl")) if "metrics.jsonl" in names else {}
+    holders = live_holders(run_dir) if "locks" in names else []
+    status = run_status(here, summary, plan, bool(holders))
+    kind = "slurm" if job else KIND_BY_MODE.get(str(plan.get("mode")), "local" if plan else "unknown")
+    finished = status != "running" and summary
+    started = _mtime(os.path.join(here, "config.yaml")) or _mtime(os.path.join(here, "plan.json")) or _mtime(here)
+    row: Dict[str, Any] = {
+        "run_id": run_dir.name,
+        "path": str(run_dir),
+        "kind": kind,
+        "status": status,
+        "step": last.get("step", summary.get("steps") if summary.get("status") == "completed" else None),
+        "steps": target_steps(here, summary) if "config.yaml" in names else summary.get("steps"),
+        "throughput": (summary.get("samples_per_s") if finished else None) or last.get("samples_per_s"),
+        "goodput": (summary.get("goodput") if finished else None) or last.get("goodput"),
+        "restarts": int(summary.get("restarts") or 0) if finished else attempts_so_far(here),
+        "started": started,
+        "age_s": max(0.0, now - started) if started else None,
+        "command": next_command(here, status, kind, "checkpoints" in names),
+        "updated": _mtime(os.path.join(here, "metrics.jsonl")) or started,
+        "world_size": summary.get("world_size") or plan.get("world_size"),
+        "error": first_line(summary.get("error")) if status in ("failed", "interrupted") else None,
+        "holders": [f"{h.host}:{h.pid}" for h in holders],
+    }
+    if job:
+        row["slurm_job_id"] = job.get("job_id")
+    return row
+
+
+def run_status(run_dir: str, summary: Dict[str, Any], plan: Dict[str, Any], held: bool) -> str:
+    """running: a launcher holds its lock now. Otherwise what summary.json says, unless a later launch
+    (plan.json newer than it) left none: that one died (SIGKILL, a lost machine) and is `dead`."""
+    if held:
+        return "running"
+    summary_time = _mtime(os.path.join(run_dir, "summary.json"))
+    plan_time = _mtime(os.path.join(run_dir, "plan.json"))
+    if summary and not (plan_time and summary_time and plan_time > summary_time + 1.0):
+        return SUMMARY_STATUS.get(str(summary.get("status")), "unknown")
+    if plan:
+        return "dead"  # it started (plan.json) and nobody holds it, but it never wrote how it ended
+    return "unknown"  # a SLURM job still queued (or lost): `status RUN` asks the scheduler
+
+
+def target_steps(run_dir: str, summary: Dict[str, Any]) -> Optional[int]:
+    """trainer.steps of the built-in trainer, from config.yaml; None for a script (its own loop decides)."""
+    try:
+        with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return summary.get("steps") if summary.get("model") else None
+    script = SCRIPT_PATH.search(text)
+    if script and script.group(1) != "null":
+        return None
+    section = text.split("\ntrainer:\n", 1)
+    match = STEPS_LINE.search(section[1]) if len(section) == 2 else None
+    return int(match.group(1)) if match else None
+
+
+def last_metrics(path: str) -> Dict[str, Any]:
+    """The last whole JSON line of metrics.jsonl, reading only its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return {}
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if line.startswith(b"{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue  # half-written (being appended now) or cut by the tail window
+            if isinstance(data, dict):
+                return data
+    return {}
+
+
+def attempts_so_far(run_dir: str) -> int:
+    """Restarts of a job still running: rank 0's attempt logs (logs/rank-0.attempt-N.log)."""
+    logs = os.path.join(run_dir, "logs")
+    try:
+        return sum(1 for name in os.listdir(logs) if name.startswith("rank-0.attempt-") and name.endswith(".log"))
+    except OSError:
+        return 0
+
+
+def next_command(run_dir: str, status: str, kind: str, has_checkpoints: bool) -> str:
+    """What to type next: follow a running job, resume a stopped one, read a finished one's logs."""
+    where = shlex.quote(run_dir)
+    if kind == "slurm" and status in ("running", "unknown"):
+        return f"python -m launcher status {where}"
+    if status == "running":
+        return f"python -m launcher logs {where} -f"
+    if status in ("failed", "interrupted", "dead") and has_checkpoints:
+        return f"python -m launcher resume {where}"
+    return f"python -m launcher logs {where}"
+
+
+def sweep_row(sweep_dir: Path, now: float) -> Dict[str, Any]:
+    """A sweep (sweep.json, written by the sweep command) and one member row per grid point."""
+    sweep = _read_json(sweep_dir / "sweep.json")
+    members = []
+    for member in sweep.get("members") or []:
+        run_dir = sweep_dir / str(member.get("run_dir", ""))
+        row = run_row(run_dir, now) if is_run_dir(run_dir) else pending_row(run_dir, now)
+        row["overrides"] = dict(member.get("overrides") or {})
+        row["index"] = member.get("index")
+        members.append(row)
+    held = bool(live_holders(sweep_dir))
+    return parent_row(sweep_dir, "sweep", sweep.get("sweep_id") or sweep_dir.name, list(sweep.get("keys") or []),
+                      members, now, sweep.get("created"), held=held, done=False, cluster=sweep.get("cluster"))
+
+
+def group_row(group_dir: Path, kind: str, now: float) -> Dict[str, Any]:
+    """A `compare` (one run per strategy) or `scale` (one per size) folder: <dir>/runs/<name>/."""
+    runs = group_dir / "runs"
+    members = []
+    for run_dir in sorted(_subdirs(runs)) if runs.is_dir() else []:
+        if not is_run_dir(run_dir):
+            continue
+        row = run_row(run_dir, now)
+        row["overrides"] = member_overrides(kind, run_dir.name)
+        members.append(row)
+    keys = ["trainer.strategy"] if kind == "compare" else ["nodes", "gpus"]
+    report = group_dir / f"{kind}.json"
+    return parent_row(group_dir, kind, group_dir.name, keys, members, now, _mtime(group_dir), held=False,
+                      done=report.is_file())
+
+
+def member_overrides(kind: str, name: str) -> Dict[str, str]:
+    if kind == "compare":
+        return {"trainer.strategy": name}
+    match = re.fullmatch(r"n(\d+)-g(\d+)", name)  # launcher.commands.scale.SweepPoint.name
+    return {"nodes": match.group(1), "gpus": match.group(2)} if match else {}
+
+
+def parent_row(path: Path, kind: str, run_id: str, keys: List[str], members: List[Dict[str, Any]], now: float,
+               created: Optional[float], held: bool, done: bool, cluster: Optional[str] = None) -> Dict[str, Any]:
+    """A row over member rows: running while any member (or the parent's runner) runs; step counts members done."""
+    states = [m["status"] for m in members]
+    if held or "running" in states:
+        status = "running"
+    elif done or (states and all(s == "completed" for s in states)):
+        status = "completed"
+    elif cluster == "slurm" and "unknown" in states:
+        status = "unknown"  # members still queued on SLURM, as far as files tell
+    elif any(s in ("failed", "dead") for s in states):
+        status = "failed"
+    else:
+        status = "interrupted" if members else "unknown"
+    started = float(created) if created else _mtime(path)
+    where = shlex.quote(str(path))
+    unfinished = kind == "sweep" and status != "running" and any(s != "completed" for s in states)
+    throughputs = [m["throughput"] for m in members if m["status"] == "running" and m["throughput"]]
+    return {
+        "run_id": run_id, "path": str(path), "kind": kind, "status": status,
+        "step": states.count("completed"), "steps": len(members),
+        "throughput": sum(throughputs) if throughputs else None, "goodput": None,
+        "restarts": sum(int(m.get("restarts") or 0) for m in members),
+        "started": started, "age_s": max(0.0, now - started) if started else None,
+        "command": f"python -m launcher resume {where}" if unfinished else f"python -m launcher ls {where}",
+        "members": members, "keys": keys,
+    }
+
+
+def pending_row(run_dir: Path, now: float) -> Dict[str, Any]:
+    """A sweep member whose run has not started (no run directory yet)."""
+    return {"run_id": run_dir.name, "path": str(run_dir.resolve()), "kind": "unknown", "status": "unknown",
+            "step": None, "steps": None, "throughput": None, "goodput": None, "restarts": 0, "started": None,
+            "age_s": None, "command": "", "pending": True}
+
+
+def first_line(text: Any) -> Optional[str]:
+    if not text:
+        return None
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line[:200] or None
+
+
+def _subdirs(path: Path) -> Iterable[Path]:
+    try:
+        with os.scandir(path) as entries:
+            return [Path(e.path) for e in entries if e.is_dir() and not e.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def _read_json(path: Union[str, Path]) -> Dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return {}  # absent, or being replaced this instant (writes are atomic renames: rare)
+    return data if isinstance(data, dict) else {}
+
+
+def _names(path: Path) -> Set[str]:
+    try:
+        return set(os.listdir(path))
+    except OSError:
+        return set()
+
+
+def _mtime(path: Union[str, Path]) -> Optional[float]:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
