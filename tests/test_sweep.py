@@ -150,6 +150,18 @@ def test_a_local_sweep_with_a_failing_member_then_resume_reruns_only_that_member
     assert read_summary(sweep_dir / "previous" / "m003-lr=0.2-seed=2-1")["status"] == "failed"  # the failed attempt, kept
     again = run_launcher(["resume", str(sweep_dir)], cwd=tmp_path, timeout=60)
     assert again.returncode == 0 and "no member to re-run" in again.stdout
+    # `ls` shows the sweep as one row with its members and the varied keys
+    (row,) = ls_rows(out, tmp_path)
+    assert row["kind"] == "sweep" and row["run_id"] == "grid" and row["status"] == "completed"
+    assert row["keys"] == ["trainer.lr", "seed"] and (row["step"], row["steps"]) == (4, 4)
+    assert [(m["run_id"], m["overrides"], m["status"]) for m in row["members"]] == [
+        (m["run_dir"], m["overrides"], "completed") for m in record["members"]]
+
+
+def ls_rows(output_dir: Path, cwd: Path) -> List[Dict[str, Any]]:
+    listed = run_launcher(["ls", str(output_dir), "--json"], cwd=cwd, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    return json.loads(listed.stdout)
 
 
 @pytest.mark.slow
@@ -167,6 +179,9 @@ def test_ctrl_c_stops_the_running_members_cleanly_and_resume_knows_what_is_unfin
             time.sleep(0.5)
         members = descendants(proc.pid)
         assert len([p for p in members if p.ppid() == proc.pid]) == 2  # two member launchers, the third waits
+        (row,) = ls_rows(out, tmp_path)  # live: the sweep's runner holds it, two members run
+        assert row["kind"] == "sweep" and row["status"] == "running"
+        assert [m["status"] for m in row["members"]][:2] == ["running", "running"]
         os.kill(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
     finally:
@@ -179,6 +194,8 @@ def test_ctrl_c_stops_the_running_members_cleanly_and_resume_knows_what_is_unfin
     assert read_summary(sweep_dir / "m000-seed=1")["status"] == "interrupted"
     assert not (sweep_dir / "m002-seed=3").exists()  # never started
     assert f"python -m launcher resume {sweep_dir}" in output
+    (row,) = ls_rows(out, tmp_path)
+    assert row["status"] != "running" and row["command"] == f"python -m launcher resume {sweep_dir}"
     dry = run_launcher(["resume", str(sweep_dir), "--dry-run"], cwd=tmp_path, timeout=60)
     assert dry.returncode == 0 and "would re-run 3 of 3 members" in dry.stdout
 

@@ -8,7 +8,6 @@ sweep.json says which members are unfinished (`python -m launcher resume SWEEP` 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
@@ -22,28 +21,23 @@ from launcher.commands.children import child_env, last_line, launcher_command
 from launcher.commands.sweep_plan import member_argv, write_sweep
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
+from launcher.runlock import claim_folder, live_holders
 from launcher.usage import build_parser, split_argv
 
-LOCK_FILE = "sweep.lock"
 STOP_WAIT_S = 60.0  # a launcher stops its workers within 15 s of Ctrl-C (checkpoint.grace_s <= 12)
 
 
 @contextlib.contextmanager
 def hold_sweep(sweep_dir: Path) -> Iterator[None]:
-    """This process runs the sweep: one flock on <sweep>/sweep.lock, dropped when it ends however it ends."""
-    fd = os.open(sweep_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    """This process runs the sweep: its lock (launcher.runlock, so `ls` sees the sweep running), dropped however it ends."""
+    lock = claim_folder(sweep_dir, "sweep", sweep_dir.name)
+    if lock is None:
+        who = "; ".join(sorted({h.describe() for h in live_holders(sweep_dir)})) or "another process"
+        raise ConfigError(f"sweep {sweep_dir} is being run by {who}: wait for it to end (or stop it), then resume it")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise ConfigError(f"sweep {sweep_dir} is being run by process {holder}: wait for it to end "
-                              "(or stop it with Ctrl-C), then resume it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def member_result(sweep_dir: Path, member: Dict[str, Any]) -> Dict[str, Any]:
