@@ -222,7 +222,7 @@ def sacct_tasks(array_id: str) -> List[str]:
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(540)
 def test_a_slurm_sweep_is_one_job_array_and_a_failing_member_does_not_stop_the_others(slurm_out):
     listed = slurm_out / "members.txt"
     listed.write_text("trainer.lr=0.01\ntrainer.lr=0.02\ntrainer.lr=0.03 checkpoint.dir=/dev/null/ckpt\n")
@@ -254,4 +254,18 @@ def test_a_slurm_sweep_is_one_job_array_and_a_failing_member_does_not_stop_the_o
     for path in sweep_dir.rglob("*"):
         if path.is_file() and path.suffix in (".sh", ".json", ".yaml", ".out"):
             assert "RDZV_SECRET=" not in path.read_text(errors="replace"), path
+    # resume submits the two failed members again, as a new array of two
+    resumed = run_launcher(["resume", str(sweep_dir)], cwd=slurm_out, timeout=120, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = sweep_json(sweep_dir)
+    new_id = again["slurm_job_id"]
+    assert new_id != array_id and f"submitted SLURM job array {new_id}: 2 members" in resumed.stdout
+    assert [m["job_id"] for m in again["members"]] == [f"{array_id}_{i}" for i in range(4)] + [f"{new_id}_0", f"{new_id}_1"]
+    deadline = time.monotonic() + 150
+    while not all(t.split("|")[1] in ("COMPLETED", "FAILED", "CANCELLED") for t in sacct_tasks(new_id) or ["x|PENDING"]):
+        assert time.monotonic() < deadline, sacct_tasks(new_id)
+        time.sleep(2)
+    assert len(sacct_tasks(new_id)) == 2
+    assert (sweep_dir / "previous" / "m004-lr=0.03-seed=1-dir=_dev_null_ckpt-1" / "job.json").is_file()
+    assert read_summary(sweep_dir / "m004-lr=0.03-seed=1-dir=_dev_null_ckpt")["status"] == "failed"  # still a bad dir
 
