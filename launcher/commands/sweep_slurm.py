@@ -46,8 +46,9 @@ def follow(sweep: Dict[str, Any], sweep_dir: Path, members: List[Dict[str, Any]]
     while waiting:
         for member in list(waiting):
             state = job_state(member["job_id"])
-            if state != seen.get(member["job_id"]):
-                print(f"sweep: {member['run_dir']} (SLURM {member['job_id']}): {state}", file=sys.stderr, flush=True)
+            if state != seen.get(member["job_id"]):  # UNKNOWN: sacct has no record of the task yet
+                shown = "queued" if state == "UNKNOWN" else state
+                print(f"sweep: {member['run_dir']} (SLURM {member['job_id']}): {shown}", file=sys.stderr, flush=True)
                 seen[member["job_id"]] = state
             if state in FINAL_STATES:
                 ok = state == "COMPLETED" and member_result(sweep_dir, member).get("status") == "completed"
