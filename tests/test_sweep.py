@@ -165,11 +165,11 @@ def ls_rows(output_dir: Path, cwd: Path) -> List[Dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_ctrl_c_stops_the_running_members_cleanly_and_resume_knows_what_is_unfinished(tmp_path):
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_the_running_members_cleanly_and_resume_continues_them_from_their_checkpoints(tmp_path):
     out = tmp_path / "runs"
     proc = start_launcher(["sweep", "seed=1,2,3", "--parallel", "2", "--name", "long", "--output-dir", str(out),
-                           *QUICK, "trainer.steps=1000000", "trainer.log_every=10"], cwd=tmp_path)
+                           *QUICK, "trainer.steps=1000", "trainer.log_every=10"], cwd=tmp_path)
     sweep_dir = out / "long"
     logs = [sweep_dir / name / "logs" / "rank-0.log" for name in ("m000-seed=1", "m001-seed=2")]
     try:
@@ -198,6 +198,16 @@ def test_ctrl_c_stops_the_running_members_cleanly_and_resume_knows_what_is_unfin
     assert row["status"] != "running" and row["command"] == f"python -m launcher resume {sweep_dir}"
     dry = run_launcher(["resume", str(sweep_dir), "--dry-run"], cwd=tmp_path, timeout=60)
     assert dry.returncode == 0 and "would re-run 3 of 3 members" in dry.stdout
+    assert "m000-seed=1 (from step " in dry.stdout and "m002-seed=3" in dry.stdout
+    # the two stopped members continue from the checkpoint Ctrl-C made; the third starts
+    resumed = run_launcher(["resume", str(sweep_dir)], cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert set(statuses(sweep_dir).values()) == {"completed"}
+    for name in ("m000-seed=1", "m001-seed=2"):
+        summary = read_summary(sweep_dir / name)
+        assert summary["steps"] == 1000 and 10 <= summary["resumed_from_step"] < 1000, summary
+    assert read_summary(sweep_dir / "m002-seed=3").get("resumed_from_step") in (None, 0)
+    assert not (sweep_dir / "previous").exists()  # nothing had to start afresh
 
 
 # ---- SLURM: one job array -----------------------------------------------------------------------

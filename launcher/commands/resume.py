@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from launcher.backends import dispatch
 from launcher.clock import process_start_time
@@ -63,7 +63,7 @@ def main(argv: List[str]) -> int:
     if sweep_dir is not None:  # a sweep folder: re-run its unfinished members
         if args.max_restarts is not None:
             raise ConfigError("resume of a sweep re-runs its members as recorded: drop --max-restarts")
-        return resume_sweep(sweep_dir, list(args.overrides), args.parallel, args.dry_run)
+        return resume_sweep(sweep_dir, list(args.overrides), args.parallel, args.dry_run, checkpoint_step)
     if args.parallel is not None:
         raise ConfigError("--parallel applies to a sweep folder: drop it to resume one run")
     run_dir = find_run(args.run, args.output_dir)
@@ -74,6 +74,16 @@ def main(argv: List[str]) -> int:
         print(f"would resume {run_dir} from {checkpoint} (step {step}) to step {cfg.trainer.steps}")
         return 0
     return launch(cfg, run_dir, checkpoint, step)
+
+
+def checkpoint_step(run_dir: Path) -> Optional[int]:
+    """The step a stopped built-in-trainer run would resume from, or None where it cannot resume (a sweep's member)."""
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "plan.json").is_file():
+        return None
+    try:
+        return resolve(run_dir, [])[2]
+    except ConfigError:  # a script, no usable checkpoint, or already at its last step: it starts afresh
+        return None
 
 
 def find_run(run: str, output_dir: str) -> Path:

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from launcher.commands.sweep_plan import (SWEEP_FILE, expand, is_grid_item, member_argv, new_sweep, parse_grid,
                                           read_list, read_sweep, varied_keys, write_sweep)
@@ -165,8 +165,11 @@ def find_sweep(run: str, output_dir: str) -> Optional[Path]:
     return None
 
 
-def resume_sweep(sweep_dir: Path, overrides: List[str], parallel: Optional[int], dry_run: bool) -> int:
-    """Re-run the members that did not complete (their earlier attempt kept under previous/)."""
+def resume_sweep(sweep_dir: Path, overrides: List[str], parallel: Optional[int], dry_run: bool,
+                 checkpoint_step: Callable[[Path], Optional[int]]) -> int:
+    """Re-run the members that did not complete. Here, a member stopped with a usable checkpoint continues
+    from it (`resume MEMBER`, checkpoint_step says from which step); any other starts afresh, its earlier
+    attempt kept under previous/. On SLURM every unfinished member starts afresh in a new array."""
     if overrides:
         raise ConfigError("resume of a sweep takes no key=value: it re-runs the unfinished members as recorded; "
                           "start a new sweep to change them")
@@ -178,17 +181,24 @@ def resume_sweep(sweep_dir: Path, overrides: List[str], parallel: Optional[int],
         if not todo:
             print(f"sweep {sweep['sweep_id']}: no member to re-run ({len(sweep['members'])} completed or still queued)")
             return 0
-        names = ", ".join(sweep["members"][i]["run_dir"] for i in todo)
+        steps = {} if sweep["cluster"] == "slurm" else {
+            i: checkpoint_step(sweep_dir / sweep["members"][i]["run_dir"]) for i in todo}
+        continuing = {i: step for i, step in steps.items() if step is not None}
+        names = ", ".join(sweep["members"][i]["run_dir"] + (f" (from step {continuing[i]})" if i in continuing else "")
+                          for i in todo)
         if dry_run:
             print(f"would re-run {len(todo)} of {len(sweep['members'])} members of {sweep_dir}: {names}")
             return 0
         configs = check_members(sweep, sweep_dir)
         for i in todo:
-            archive_member(sweep_dir, sweep["members"][i])
+            if i not in continuing:
+                archive_member(sweep_dir, sweep["members"][i])
         write_sweep(sweep_dir, sweep)
         print(f"sweep {sweep['sweep_id']}: re-running {len(todo)} of {len(sweep['members'])} members: {names}",
               file=sys.stderr, flush=True)
-        return start(sweep, sweep_dir, configs, todo, parallel or int(sweep.get("parallel") or 1), wait=False)
+        if sweep["cluster"] == "slurm":
+            return start(sweep, sweep_dir, configs, todo, parallel or int(sweep.get("parallel") or 1), wait=False)
+        return run_members(sweep, sweep_dir, todo, parallel or int(sweep.get("parallel") or 1), set(continuing))
 
 
 def unfinished(sweep: Dict[str, Any], sweep_dir: Path) -> List[int]:

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Dict, Iterator, List
+from typing import IO, AbstractSet, Any, Dict, Iterator, List
 
 from launcher.commands.children import child_env, last_line, launcher_command
 from launcher.commands.sweep_plan import member_argv, write_sweep
@@ -76,15 +76,21 @@ class Running:
     started: float
 
 
-def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], parallel: int) -> int:
-    """Run the members in todo, parallel at a time; 0 when every member of the sweep has completed."""
+def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], parallel: int,
+                continuing: AbstractSet[int] = frozenset()) -> int:
+    """Run the members in todo, parallel at a time; 0 when every member of the sweep has completed.
+
+    continuing: members that continue their stopped run from its checkpoint (`resume MEMBER`) rather than start."""
     split = split_argv(sweep["base_args"], build_parser())
     queue = [sweep["members"][i] for i in todo]
     running: List[Running] = []
     try:
         while queue or running:
             while queue and len(running) < parallel:
-                running.append(start_member(sweep_dir, queue.pop(0), split))
+                member = queue.pop(0)
+                args = (["resume", str(sweep_dir / member["run_dir"])] if member["index"] in continuing
+                        else member_argv(split, member, sweep_dir))
+                running.append(start_member(sweep_dir, member, args))
                 write_sweep(sweep_dir, sweep)
             for item in [r for r in running if r.proc.poll() is not None]:
                 running.remove(item)
@@ -113,13 +119,13 @@ def report(sweep: Dict[str, Any], sweep_dir: Path) -> int:
     return 1 if failed else 0
 
 
-def start_member(sweep_dir: Path, member: Dict[str, Any], split: Any) -> Running:
+def start_member(sweep_dir: Path, member: Dict[str, Any], args: List[str]) -> Running:
     """The member's own launcher, in its own session: only the sweep signals it (once), not the terminal too."""
     path = console_log(sweep_dir, member)
     path.parent.mkdir(exist_ok=True)
-    log = open(path, "w", encoding="utf-8")
+    log = open(path, "a", encoding="utf-8")  # a continued member's log goes on after its first attempt's
     try:
-        proc = subprocess.Popen(launcher_command(member_argv(split, member, sweep_dir)), stdout=log,
+        proc = subprocess.Popen(launcher_command(args), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(),
                                 start_new_session=True)
     except BaseException:
