@@ -23,6 +23,7 @@ COMMANDS: Dict[str, str] = {
     "resume": "launcher.commands.resume",
     "scale": "launcher.commands.scale",
     "status": "launcher.backends.slurm.status",
+    "sweep": "launcher.commands.sweep",
 }
 
 

@@ -107,6 +107,18 @@ def claim(plan: LaunchPlan) -> RunLock:
     return RunLock(run_dir, fds)
 
 
+def claim_folder(folder: Path, job: str, name: str) -> Optional[RunLock]:
+    """Slot 0 of a folder that one process runs as a whole (a sweep's runner), or None while another holds it.
+
+    The same lock file and record as a run's, so live_holders (and `ls`) see the folder's runner."""
+    (folder / LOCK_DIR).mkdir(exist_ok=True)
+    fd = _try_lock(_lock_path(folder, 0))
+    if fd is None:
+        return None
+    _write_record(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job": job, "run_id": name}))
+    return RunLock(folder, {0: fd})
+
+
 def live_holders(run_dir: Path, skip: Optional[Set[int]] = None) -> List[Holder]:
     """The launchers that hold a slot now. A lock file nobody holds (its launcher died or ended) is skipped."""
     folder = run_dir / LOCK_DIR

@@ -150,3 +150,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def slurm_unavailable() -> str:
+    """Why the SLURM tests cannot run here ("" when a SLURM controller answers through SLURM_CONF)."""
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF is not set: bring up cluster/devcluster/up.sh (tests/run.sh does)"
+    try:
+        done = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"sinfo failed ({e.__class__.__name__}): no SLURM client or controller"
+    return "" if done.returncode == 0 else f"sinfo failed: {done.stderr.strip()[:200]}"

@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.helpers import QUICK, read_summary, run_launcher
+from tests.helpers import QUICK, read_summary, run_launcher, slurm_unavailable
 
 pytestmark = [pytest.mark.slurm]
 # Long enough (about 12 s of training) that a signal lands mid-training; CPU, so results are exact.
@@ -24,19 +24,9 @@ TRAIN = QUICK + ["trainer.steps=1200", "trainer.log_every=50", "checkpoint.every
 SUBMIT = ["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "slurm.time_min=5"]
 
 
-def _slurm_ok() -> str:
-    if not os.environ.get("SLURM_CONF"):
-        return "SLURM_CONF is not set: bring up cluster/devcluster/up.sh (tests/run.sh does)"
-    try:
-        done = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"sinfo failed ({e.__class__.__name__}): no SLURM client or controller"
-    return "" if done.returncode == 0 else f"sinfo failed: {done.stderr.strip()[:200]}"
-
-
 @pytest.fixture(scope="module")
 def slurm_env() -> Dict[str, str]:
-    reason = _slurm_ok()
+    reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
     return {"SLURM_CONF": os.environ["SLURM_CONF"]}  # helpers.launcher_env drops SLURM_* otherwise

@@ -9,7 +9,6 @@ compare.png in the compare directory, and the table to the console.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from launcher.errors import ConfigError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, read_json, write_json
 from launcher.usage import build_parser, config_overrides
+from launcher.commands.children import child_env, last_line, launcher_command
 from launcher.commands.compare_report import print_table, write_reports
 
 ROW_KEYS = ("samples_per_s", "tokens_per_s", "step_time_s_median", "final_loss", "processes", "world_size",
@@ -80,12 +80,12 @@ def run_strategy(strategy: str, config_file: Optional[str], overrides: List[str]
     except ConfigError as e:  # not supported for this model or job shape: say why, run nothing
         return {"strategy": strategy, "status": "unsupported", "error": str(e)}
     runs = compare_dir / "runs"
-    child = ([sys.executable, "-m", "launcher"] + (["--config", config_file] if config_file else [])
-             + overrides + item + [f"output_dir={runs}", f"run_id={strategy}"])
+    child = launcher_command((["--config", config_file] if config_file else [])
+                             + overrides + item + [f"output_dir={runs}", f"run_id={strategy}"])
     log_path = compare_dir / "logs" / f"{strategy}.log"
     started = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call(child, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        code = subprocess.call(child, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     summary_path = runs / strategy / "summary.json"
     summary: Dict[str, Any] = read_json(summary_path) if summary_path.is_file() else {}
     row: Dict[str, Any] = {"strategy": strategy, "status": summary.get("status") or "failed", "exit_code": code,
@@ -93,18 +93,6 @@ def run_strategy(strategy: str, config_file: Optional[str], overrides: List[str]
     row.update({key: summary.get(key) for key in ROW_KEYS})
     if code != 0:
         row["status"] = "failed"
-        row["error"] = summary.get("error") or _last_line(log_path) or f"exit code {code}"
+        row["error"] = summary.get("error") or last_line(log_path) or f"exit code {code}"
     return row
 
-
-def _child_env() -> Dict[str, str]:
-    """The launcher package must be importable from the child whatever its working directory."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _last_line(path: Path) -> str:
-    lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-    return lines[-1] if lines else ""

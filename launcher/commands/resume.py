@@ -1,4 +1,5 @@
-"""`python -m launcher resume RUN [KEY=VALUE...]`: continue a run from its newest good checkpoint.
+"""`python -m launcher resume RUN [KEY=VALUE...]`: continue a run from its newest good checkpoint
+(or, given a sweep folder, re-run the sweep's unfinished members: launcher.commands.sweep).
 
 The run keeps its directory and its recorded config.yaml; overrides may change how long and how
 it runs (trainer.steps, checkpointing, restarts, W&B), never what the checkpoint holds.
@@ -9,10 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from launcher.backends import dispatch
 from launcher.clock import process_start_time
+from launcher.commands.sweep import find_sweep, resume_sweep
 from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
@@ -51,11 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, metavar="K", help="restart the workers up to K times when one fails")
     p.add_argument("--output-dir", metavar="DIR", default="launcher_runs", help="where to look up a run id (default launcher_runs)")
     p.add_argument("--dry-run", action="store_true", help="print what would resume and from which checkpoint; start nothing")
+    p.add_argument("--parallel", type=int, metavar="N", help="a sweep: members at a time (default: as the sweep ran)")
     return p
 
 
 def main(argv: List[str]) -> int:
     args = build_parser().parse_intermixed_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    sweep_dir = find_sweep(args.run, args.output_dir)
+    if sweep_dir is not None:  # a sweep folder: re-run its unfinished members
+        if args.max_restarts is not None:
+            raise ConfigError("resume of a sweep re-runs its members as recorded: drop --max-restarts")
+        return resume_sweep(sweep_dir, list(args.overrides), args.parallel, args.dry_run, checkpoint_step)
+    if args.parallel is not None:
+        raise ConfigError("--parallel applies to a sweep folder: drop it to resume one run")
     run_dir = find_run(args.run, args.output_dir)
     overrides = list(args.overrides) + ([f"launcher.max_restarts={args.max_restarts}"] if args.max_restarts is not None else [])
     check_overrides(overrides)
@@ -64,6 +74,16 @@ def main(argv: List[str]) -> int:
         print(f"would resume {run_dir} from {checkpoint} (step {step}) to step {cfg.trainer.steps}")
         return 0
     return launch(cfg, run_dir, checkpoint, step)
+
+
+def checkpoint_step(run_dir: Path) -> Optional[int]:
+    """The step a stopped built-in-trainer run would resume from, or None where it cannot resume (a sweep's member)."""
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "plan.json").is_file():
+        return None
+    try:
+        return resolve(run_dir, [])[2]
+    except ConfigError:  # a script, no usable checkpoint, or already at its last step: it starts afresh
+        return None
 
 
 def find_run(run: str, output_dir: str) -> Path:

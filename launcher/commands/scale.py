@@ -22,6 +22,7 @@ from launcher.config.schema import Config, load_config, to_dict
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError, WorkerFailedError
 from launcher.rundir import read_json, write_atomic, write_json
+from launcher.commands.children import child_env, launcher_command
 from launcher.commands.scale_report import COLUMNS, render_markdown, render_plot, print_table, scaling_rows
 from launcher.usage import OneLineParser
 from trainers.wandb_logger import log_table
@@ -105,13 +106,13 @@ def main(argv: List[str]) -> int:
 def run_point(point: SweepPoint, args: argparse.Namespace, overrides: List[str], sweep_dir: Path, group: str) -> Dict[str, Any]:
     """One ordinary launcher run at this size; its summary.json is the measurement."""
     run_id = point.name
-    cmd = [sys.executable, "-m", "launcher", "--nodes", str(point.nodes), "--gpus", str(point.gpus)]
+    cmd = launcher_command(["--nodes", str(point.nodes), "--gpus", str(point.gpus)])
     cmd += ["--config", args.config] if args.config else []
     cmd += [*overrides, f"output_dir={sweep_dir / 'runs'}", f"run_id={run_id}",
             f"data.batch_size={point.batch_size}", f"wandb.group={group}", "metrics.progress=lines"]
     print(f"scale: {point.world_size} worker(s) ({point.nodes} node x {point.gpus}), batch {point.batch_size} per worker ...",
           flush=True)
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
     run_dir = sweep_dir / "runs" / run_id
     write_atomic(sweep_dir / "logs" / f"{run_id}.log", done.stdout)
     if done.returncode != 0:

@@ -37,6 +37,20 @@ def partition_has_gpus(partition: Optional[str]) -> bool:
     return "gpu" in out
 
 
+def require_sbatch() -> None:
+    if shutil.which("sbatch") is None:
+        raise ConfigError("--cluster slurm needs SLURM's commands, and sbatch is not on PATH: run it on a SLURM "
+                          "login node (or add SLURM's bin directory to PATH), or run here with --cluster local")
+
+
+def write_job_record(run_dir: Path, job_id: str, cfg: Config, folder: Path) -> Dict[str, Any]:
+    """job.json: what `status`, `logs` and `cancel` (launcher.backends.slurm.records) find the job by."""
+    record = {"job_id": job_id, "cluster": "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
+              "run_dir": str(run_dir), "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "slurm_folder": str(folder)}
+    write_json(run_dir / JOB_FILE, record)
+    return record
+
+
 def executor_parameters(cfg: Config, gpus_per_node: int) -> Dict[str, Any]:
     """submitit SlurmExecutor parameters: one task per node, CPUs for the node's workers."""
     s = cfg.slurm
@@ -86,9 +100,7 @@ def srun_line(text: str) -> str:
 
 def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
     """Submit cfg as a SLURM job; print how to follow it; with wait, follow it to the end."""
-    if shutil.which("sbatch") is None:  # also for --dry-run: its script could never be submitted from here
-        raise ConfigError("--cluster slurm needs SLURM's commands, and sbatch is not on PATH: run it on a SLURM "
-                          "login node (or add SLURM's bin directory to PATH), or run here with --cluster local")
+    require_sbatch()  # also for --dry-run: its script could never be submitted from here
     cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the job may start in another directory
     cfg.run_id = cfg.run_id or new_run_id()
     run_dir = Path(cfg.output_dir) / cfg.run_id
@@ -108,9 +120,7 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     with job_secret(has_secret):
         job = _submit(executor, cfg)
-    record = {"job_id": job.job_id, "cluster": "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
-              "run_dir": str(run_dir), "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "slurm_folder": str(run_dir / "slurm")}
-    write_json(run_dir / JOB_FILE, record)
+    record = write_job_record(run_dir, job.job_id, cfg, run_dir / "slurm")
     quoted = shlex.quote(str(run_dir))
     print(f"submitted SLURM job {job.job_id}: {cfg.nodes} node(s) x {cfg.gpus} worker(s); run directory {run_dir}\n"
           f"  follow: python -m launcher status {quoted}   |   python -m launcher logs {quoted} [--rank K]"
@@ -136,12 +146,19 @@ def job_secret(has_secret: bool) -> Iterator[None]:
 def _submit(executor: Any, cfg: Config) -> Any:
     # Imported only when a job is really submitted: the task loads torch's elastic agent (2.3 s,
     # -X importtime), which --dry-run and the status/logs/cancel commands never need.
-    import submitit
-
     from launcher.backends.slurm.task import SlurmNodeAgent
 
-    try:
+    with sbatch_errors():
         return executor.submit(SlurmNodeAgent(to_dict(cfg)))
+
+
+@contextlib.contextmanager
+def sbatch_errors() -> Iterator[None]:
+    """sbatch's refusal (or no sbatch at all) as one line naming what to check."""
+    import submitit
+
+    try:
+        yield
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
         detail = str(getattr(e, "stderr", "") or e).strip().splitlines()
         raise LaunchError(f"sbatch refused the job: {detail[-1] if detail else e.__class__.__name__}: "
