@@ -2,7 +2,6 @@
 
 import json
 import socket
-import subprocess
 
 import pytest
 
