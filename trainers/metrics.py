@@ -37,6 +37,12 @@ class CommTimer:
         model._set_ddp_runtime_logging_sample_rate(1)
         self._logger = model.logger
         self._iteration = -1
+        self._skip = False
+
+    def skip_one(self) -> None:
+        """The iteration just run is not a training step (trainers.stepping.settle_gradient_buckets): its
+        all-reduce, which also waits for the slowest rank to arrive, is left out of the figures."""
+        self._skip = True
 
     def take(self) -> Optional[float]:
         """Seconds the newest recorded step spent in its gradient all-reduce; None when none is new."""
@@ -45,6 +51,9 @@ class CommTimer:
         if iteration == self._iteration:
             return None
         self._iteration = iteration
+        if self._skip:
+            self._skip = False
+            return None
         return max(0, data.get("backward_comm_time", 0)) / 1e9
 
 

@@ -51,7 +51,7 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
-def settle_gradient_buckets(model: nn.Module, batch: Batch, device: torch.device, precision: Precision) -> None:
+def settle_gradient_buckets(model: nn.Module, batch: Batch, device: torch.device, precision: Precision) -> bool:
     """Give DDP the gradient buckets of its steady state before the first step of this attempt.
 
     DDP reduces the first step's gradients in one bucket laid out in parameter order, then
@@ -62,10 +62,14 @@ def settle_gradient_buckets(model: nn.Module, batch: Batch, device: torch.device
     (1e-8 at once, chaotically after). One forward and backward on this attempt's first batch, in
     eval mode, with the RNG state kept and the gradients dropped, records the ready order; every
     real step, the first included, then reduces in the rebuilt layout, so a resumed run is bitwise
-    the uninterrupted one at any world size. Other strategies have no buckets to settle.
+    the uninterrupted one at any world size. Other strategies have no buckets to settle. True when
+    it ran that extra iteration.
     """
     if not isinstance(model, DistributedDataParallel) or getattr(model, "_has_rebuilt_buckets", True):
-        return
+        return False
+    if getattr(model, "_launcher_settled", False):  # a DDP that never rebuilds (find_unused_parameters): once
+        return False
+    model._launcher_settled = True
     was_training = model.training
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         model.eval()
@@ -77,6 +81,7 @@ def settle_gradient_buckets(model: nn.Module, batch: Batch, device: torch.device
         finally:
             model.train(was_training)
     model.zero_grad(set_to_none=True)
+    return True
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: List[Tuple[Batch, float]],

@@ -156,7 +156,8 @@ def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState
         batch_in_epoch = state.skip
         epoch_batches = open_epoch(run.loader, state.skip, state.rng)
         for micro_batches in grouped_batches(epoch_batches, run.accum):  # one optimizer step's batches
-            settle_gradient_buckets(run.model, micro_batches[0][0], device, run.precision)  # once per attempt
+            if settle_gradient_buckets(run.model, micro_batches[0][0], device, run.precision) and run.meter.comm:
+                run.meter.comm.skip_one()  # once per attempt
             run.clock.step_started()
             _train_step(cfg, env, device, run, state, micro_batches)
             run.clock.step_ended(state.step)
