@@ -85,6 +85,19 @@ def group_processes(pgid: int) -> List[psutil.Process]:
     return found
 
 
+def wait_while_running(check, timeout: float, proc, what: str) -> None:
+    """Until check() holds; fails at once, with its output, if the launcher proc ends first, and kills it on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the launcher ended before {what}:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+    kill_group(proc)
+    raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[0]}")
+
+
 def wait_gone(procs: List[psutil.Process], timeout: float) -> List[psutil.Process]:
     """The processes still alive after timeout (zombies count as gone)."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, free_port, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
+from tests.helpers import QUICK, wait_while_running, free_port, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
 from launcher.commands.ls import filter_rows, parse_since
 from launcher.runindex import list_runs
 
@@ -34,18 +34,6 @@ def ls_json(root, *more):
     return {row["run_id"]: row for row in json.loads(result.stdout)}
 
 
-def wait_until(check, timeout, proc, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the launcher ended before {what}:\n{proc.communicate()[0]}")
-        time.sleep(0.2)
-    kill_group(proc)
-    raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[0]}")
-
-
 def started_script(tmp_path, run_id):
     script = tmp_path / "wait_for_go.py"
     script.write_text(WAITING_SCRIPT)
@@ -53,7 +41,7 @@ def started_script(tmp_path, run_id):
     proc = start_launcher(["--gpus", "1", f"output_dir={tmp_path / 'runs'}", f"run_id={run_id}", str(script), str(go)],
                           cwd=tmp_path)
     log = tmp_path / "runs" / run_id / "logs" / "rank-0.log"
-    wait_until(lambda: log.is_file() and "waiting for" in log.read_text(), 120, proc, "the script to start")
+    wait_while_running(lambda: log.is_file() and "waiting for" in log.read_text(), 120, proc, "the script to start")
     return proc, go
 
 
@@ -270,7 +258,7 @@ def test_two_node_launchers_on_one_run_are_one_multinode_row_running_then_comple
     nodes = [start_launcher(["--node-rank", str(rank), *common], cwd=tmp_path) for rank in (0, 1)]
     try:
         logs = [runs / "mn" / "logs" / f"rank-{rank}.log" for rank in (0, 1)]
-        wait_until(lambda: all(log.is_file() and "waiting for" in log.read_text() for log in logs), 180, nodes[0],
+        wait_while_running(lambda: all(log.is_file() and "waiting for" in log.read_text() for log in logs), 180, nodes[0],
                    "both ranks to start")
         row = ls_json(runs)["mn"]
         assert (row["kind"], row["status"], len(row["holders"])) == ("multinode", "running", 2)

@@ -7,11 +7,10 @@ finished run's id, `resume` of a simulated two-node run, and SIGTERM after the l
 import json
 import signal
 import socket
-import time
 
 import pytest
 
-from tests.helpers import QUICK, kill_group, read_summary, run_launcher, start_launcher
+from tests.helpers import QUICK, wait_while_running, kill_group, read_summary, run_launcher, start_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -20,18 +19,6 @@ def snapshot(run_dir):
     """Every file's bytes and mtime: what a refused launch must leave exactly as it was."""
     return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, p.read_bytes())
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
-
-
-def wait_for(check, timeout, proc, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the launcher ended before {what}:\n{proc.communicate()[0]}")
-        time.sleep(0.1)
-    kill_group(proc)
-    raise AssertionError(f"timed out waiting for {what}:\n{proc.communicate()[0]}")
 
 
 def one_line_error(result):
@@ -59,7 +46,7 @@ def test_a_second_launcher_is_refused_by_name_and_a_new_run_on_a_finished_one_ch
     first = start_launcher([*common, str(script), str(go), str(out)], cwd=tmp_path)
     run_dir = tmp_path / "shared"
     try:
-        wait_for((out / "waiting").is_file, 240, first, "the first run's script")
+        wait_while_running((out / "waiting").is_file, 240, first, "the first run's script")
         second = run_launcher([*common, str(script), str(go), str(tmp_path / "other")], cwd=tmp_path, timeout=120)
         line = one_line_error(second)
         assert f"in use by the launcher on host {socket.gethostname()}, pid {first.pid}" in line
@@ -107,7 +94,7 @@ def test_sigterm_after_the_last_step_ends_completed(tmp_path):
     run_dir = tmp_path / "late"
     last = run_dir / "checkpoints" / f"step-{steps:08d}" / "manifest.json"
     try:
-        wait_for(last.is_file, 300, proc, "the last step's checkpoint")
+        wait_while_running(last.is_file, 300, proc, "the last step's checkpoint")
         proc.send_signal(signal.SIGTERM)  # the ranks are in their final gathers, or already gone
         out, _ = proc.communicate(timeout=60)
     finally:
