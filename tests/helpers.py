@@ -61,15 +61,20 @@ def descendants(pid: int) -> List[psutil.Process]:
 
 
 def worker_processes(pid: int) -> List[psutil.Process]:
-    """The launcher's worker processes (and their children): its descendants less the zygote they fork from."""
+    """The launcher's worker processes (and their children): its descendants less the zygote they fork from
+    and less the launcher's own helper commands (the `git` it runs to record provenance) with theirs."""
     found = []
-    for p in descendants(pid):
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    for child in children:
         try:
-            if p.ppid() == pid and "zygote" in p.cmdline():
+            if not child.name().startswith("python"):
                 continue
+            found.extend(([] if "zygote" in child.cmdline() else [child]) + child.children(recursive=True))
         except psutil.NoSuchProcess:
             continue
-        found.append(p)
     return found
 
 
