@@ -65,11 +65,16 @@ def one_run(launcher: str, workload: str, workers: int) -> Tuple[float, float]:
         return seconds_to_first_step(launcher, workload, proc.stdout, out, t0), wall
 
 
-def run(quick: bool = False, rounds: int = 0) -> Dict[str, dict]:
+CASES = ("builtin_2w", "builtin_4w", "script_2w", "script_4w")
+
+
+def run(quick: bool = False, rounds: int = 0, cases: Tuple[str, ...] = CASES) -> Dict[str, dict]:
     rounds = rounds or (3 if quick else 6)
     results: Dict[str, dict] = {}
     for workload in ("builtin", "script"):
         for workers in (2, 4):
+            if f"{workload}_{workers}w" not in cases:
+                continue
             samples: Dict[str, Dict[str, List[float]]] = {l: {"first": [], "wall": []} for l in ("ours", "torchrun")}
             for r in range(rounds):
                 order = ("ours", "torchrun") if r % 2 == 0 else ("torchrun", "ours")
@@ -98,10 +103,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 6")
     parser.add_argument("--rounds", type=int, default=0)
+    parser.add_argument("--case", action="append", choices=CASES, help="only these cases (repeatable; default: all)")
     args = parser.parse_args()
-    results = run(args.quick, args.rounds)
+    results = run(args.quick, args.rounds, tuple(args.case or CASES))
     print_table(results)
     out = REPO / "bench" / "startup.json"
+    if args.case:  # a partial run updates its cases only
+        results = {**json.loads(out.read_text()), **results} if out.exists() else results
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

@@ -83,6 +83,30 @@ def test_launch_config_drops_fields_an_older_torch_lacks():
     assert current.nproc_per_node == 2 and getattr(current, "shutdown_timeout", 10) == 10
 
 
+def test_a_single_node_rendezvous_skips_torchs_first_round_jitter():
+    """torch sleeps 0-0.3 s before a first rendezvous round to skew nodes apart: one node has none to skew."""
+    import time
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from launcher.agent import elastic_fixes
+
+    def took(seconds):
+        t0 = time.monotonic()
+        dynamic_rendezvous._delay(seconds=seconds)
+        return time.monotonic() - t0
+
+    original = dynamic_rendezvous._delay
+    try:
+        elastic_fixes.apply(nodes=1)
+        assert took((0.3, 0.3)) < 0.1  # the jitter is gone
+        assert took(0.3) >= 0.29  # a fixed wait (torch's retry back-off) stays
+        elastic_fixes.apply(nodes=2)
+        assert took((0.3, 0.3)) >= 0.29  # several nodes: torch's own
+    finally:
+        dynamic_rendezvous._delay = original
+
+
 def test_nccl_jobs_get_the_flight_recorder_while_the_watchdog_is_on():
     gpu = Hardware(cuda_devices=2, cpu_cores=16)
     env = plan_for(["gpus=2"], gpu).worker_env

@@ -45,7 +45,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     state read that is not is refused before it is unpickled (launcher.agent.signed_rdzv). A run on one
     machine makes its own.
     """
-    agent_env = {**plan.agent_env, **elastic_fixes.apply()}
+    agent_env = {**plan.agent_env, **elastic_fixes.apply(plan.nodes)}
     os.environ.update(agent_env)
     job = worker_job(plan, config, tuple(agent_env))
     rdzv_endpoint, rdzv_store = plan.rdzv_endpoint, None
