@@ -8,7 +8,7 @@ while this script SIGKILLs a worker at seeded random times (exponential gaps, me
 from the launch; the same times and ranks for every variant; a kill that falls in a restart
 waits for the rank's next worker). Variants:
 
-  sync-300s   today's default: synchronous saves every 300 s (so none in a short run)
+  sync-300s   the old default: synchronous saves every 300 s (so none in a short run)
   sync-50     synchronous saves every 50 steps
   async-50    saves every 50 steps, written in the background
   auto        checkpoint.every_steps=auto, with checkpoint.mtbf_s set to --mtbf

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import REPO, launcher_env
+from tests.helpers import QUICK, REPO, launcher_env, only_run_dir, run_launcher
 from trainers import checkpoint as ckpt
 from trainers import checkpoint_files as files
 
@@ -345,3 +345,23 @@ def test_every_steps_auto_times_one_save_and_picks_the_young_daly_interval(tmp_p
     assert "checkpoint.every_steps=auto: a save blocks the loop" in out and "= 1 steps (Young/Daly" in out
     saved = [p.name for p in files.list_checkpoints(tmp_path / "checkpoints")]
     assert saved == [f"step-{s:08d}" for s in (PROBE_STEPS + 3, PROBE_STEPS + 2)]  # every step from the probe on, keep 2
+
+
+def test_auto_plans_for_failures_as_often_as_this_job_has_restarted():
+    from trainers.checkpoint_interval import young_daly_steps
+
+    steps, reason = young_daly_steps(0.08, 0.01, 3600, restarts=2, elapsed_s=100)  # a failure every 50 s so far
+    assert steps == 283 and "MTBF 50s as this job has shown (2 restarts in 100s; checkpoint.mtbf_s=3600)" in reason
+    assert young_daly_steps(0.08, 0.01, 30, restarts=1, elapsed_s=100)[0] == 219  # mtbf_s below what was seen stands
+    assert young_daly_steps(0.08, 0.01, 3600, restarts=0, elapsed_s=100)[0] == 2400  # no failure yet: mtbf_s
+
+
+def test_a_run_saves_on_the_young_daly_interval_by_default(tmp_path):
+    """No checkpoint setting given: the probe save after 10 steps picks the interval, and the run says so."""
+    done = run_launcher(["--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=30", "checkpoint.mtbf_s=0.001",
+                         "wandb.mode=disabled", *QUICK], tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "checkpoint.every_steps=auto: a save blocks the loop" in done.stdout + done.stderr
+    run_dir = only_run_dir(tmp_path)
+    saved = [p.name for p in files.list_checkpoints(run_dir / "checkpoints")]
+    assert len(saved) == 3 and saved[0] == "step-00000030"  # a save every step from the probe on, keep 3

@@ -108,7 +108,9 @@ class Checkpointer:
     def _choose_interval(self, step: int, save_started: float, save_s: float) -> None:
         """Rank 0's measurement decides for all ranks (a save is collective: they must agree)."""
         first, at = self._probe or (step, save_started)
-        chosen = [young_daly_steps(save_s, (save_started - at) / max(1, step - first), self._mtbf_s)]
+        elapsed_s = time.time() - self._clock.started if self._clock.started is not None else 0.0
+        chosen = [young_daly_steps(save_s, (save_started - at) / max(1, step - first), self._mtbf_s,
+                                   self._clock.attempt, elapsed_s)]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(chosen, src=0)
         self._every_steps, reason = chosen[0]

@@ -36,6 +36,7 @@ class GoodputClock:
     def __init__(self, run_dir: Optional[str], started: Optional[float], attempt: int, rank: int) -> None:
         self._fd: Optional[int] = None
         self._path: Optional[Path] = None
+        self.started, self.attempt = started, attempt  # the launch's start (wall clock) and this attempt's number
         self.first_step_at: Optional[float] = None
         self.active_until: Optional[float] = None  # the end of the last step or save wait
         self.step = 0

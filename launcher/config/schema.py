@@ -78,9 +78,9 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: Union[int, str] = 0  # also save every N steps (0 = off; auto = Young/Daly from the measured save cost and mtbf_s)
-    mtbf_s: float = 3600.0  # expected seconds between failures, for every_steps=auto
-    every_seconds: float = 300.0  # save when this long has passed since the last save (0 = off); always at the end and on Ctrl-C/SIGTERM/preemption
+    every_steps: Union[int, str] = "auto"  # save every N steps (0 = off); auto = Young/Daly from a measured save and mtbf_s
+    mtbf_s: float = 3600.0  # expected seconds between failures, for every_steps=auto (less if the job's restarts show less)
+    every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off); always at the end and on Ctrl-C/SIGTERM/preemption
     keep: int = 3  # keep the newest K checkpoints
     dir: Optional[str] = None  # None = <run_dir>/checkpoints
     grace_s: float = 8.0  # after Ctrl-C/SIGTERM, how long workers get to checkpoint before being killed
