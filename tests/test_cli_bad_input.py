@@ -58,6 +58,8 @@ def cases(run, runs, tmp_path):
         (["compare", "--gpus", "2", "strategies=ddp,warp", out], "choose from"),
         (["scale", "--gpus", "0", out], "every size must be at least 1"),
         (["scale", "--gpus", "1,2", "--mode", "sideways", out], "invalid choice: 'sideways'"),
+        (["scale", "--gpus", "1,2", "--rounds", "3", "--max-rounds", "2", out], "need 1 <= rounds <= max-rounds"),
+        (["scale", "--gpus", "1,2", "--spread", "0", out], "must be a positive fraction"),
         (["doctor", "--bogus"], "unrecognized arguments: --bogus"),
         (["doctor", "--comm", "--gpus", "0"], "needs at least 1 node and 1 worker"),
     ]

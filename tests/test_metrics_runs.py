@@ -82,8 +82,9 @@ def test_wandb_online_without_a_server_warns_once_and_training_completes(tmp_pat
 
 
 def test_scale_sweep_writes_json_markdown_plot_and_prints_the_table(tmp_path):
-    result = run_launcher(["scale", "--gpus", "1,2", "--mode", "weak", f"output_dir={tmp_path}", "trainer.steps=12", *QUICK],
-                          cwd=tmp_path, timeout=150)
+    result = run_launcher(["scale", "--gpus", "1,2", "--mode", "weak", "--rounds", "2", "--max-rounds", "2",
+                           "--spread", "0.000001", f"output_dir={tmp_path}", "trainer.steps=12", *QUICK],
+                          cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     sweep = only_run_dir(tmp_path)
     scale = json.loads((sweep / "scale.json").read_text())
@@ -92,13 +93,17 @@ def test_scale_sweep_writes_json_markdown_plot_and_prints_the_table(tmp_path):
         assert {"world_size", "nodes", "samples_per_s", "step_time_s_median", "scaling_efficiency", "speedup",
                 "comm_share", "peak_memory_mb"} <= set(size)
         assert size["samples_per_s"] > 0 and size["batch_per_worker"] == 16
+        assert size["rounds"] == 2 and size["spread"] > 0 and len(size["samples_per_s_rounds"]) == 2
+        low, high = size["efficiency_range"]
+        assert low <= size["scaling_efficiency"] <= high
     base, two = scale["sizes"]
     assert base["scaling_efficiency"] == 1.0
     assert two["scaling_efficiency"] == pytest.approx(two["samples_per_s"] / (2 * base["samples_per_s"]))
     assert (sweep / "scale.png").read_bytes()[:4] == b"\x89PNG" and "| workers |" in (sweep / "scale.md").read_text()
     assert "efficiency" in result.stdout and "no GPU" in result.stdout  # the table, and the plain warning
+    assert "scale: noisy: throughput spread up to" in result.stdout and scale["noisy"].startswith("noisy:")
+    assert sorted(p.name for p in (sweep / "runs").iterdir()) == ["n1-g1", "n1-g1-r2", "n1-g2", "n1-g2-r2"]
     assert len(list((sweep / "wandb").glob("offline-run-*"))) == 1  # the sweep's own W&B run with the table
-    assert {p.name for p in (sweep / "runs").iterdir()} == {"n1-g1", "n1-g2"}
 
 
 @pytest.mark.parametrize("args, words", [

@@ -46,10 +46,41 @@ def test_scaling_rows_report_and_plot(tmp_path):
     assert [r["speedup"] for r in rows] == pytest.approx([1.0, 1.5])
     assert rows[1]["peak_memory_mb"] == 310.0 and rows[1]["peak_memory_kind"] == "process_rss"
     md = render_markdown({"mode": "weak", "device_type": "cpu", "notice": "note: x", "sizes": rows})
-    assert "| 2 | 1 | 2 | 8 | 16 | 1,500 | 11.00 ms | 1.50x | 75% | 40% | 310 |" in md and "> note: x" in md
+    assert "| 2 | 1 | 2 | 8 | 16 | 1,500 | ±0% | 11.00 ms | 1.50x | 75% | 40% | 310 |" in md and "> note: x" in md
     render_plot(rows, tmp_path / "scale.png", "weak")
     assert (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(rows)  # scale.json must be plain JSON
+
+
+def test_rounds_give_a_median_a_spread_and_an_efficiency_range():
+    points = build_points([1, 2], [1], "weak", 8)
+    rounds = [[{"samples_per_s": v} for v in (900.0, 1000.0, 1100.0)], [{"samples_per_s": v} for v in (1500.0, 1800.0, 1600.0)]]
+    base, two = scaling_rows(points, rounds)
+    assert (base["samples_per_s"], two["samples_per_s"]) == (1000.0, 1600.0) and two["rounds"] == 3
+    assert base["spread"] == pytest.approx(0.2) and two["spread"] == pytest.approx(300 / 1600)
+    assert two["scaling_efficiency"] == pytest.approx(0.8)
+    assert two["efficiency_range"] == pytest.approx([1500 / 2200, 1800 / 1800])  # slowest vs fastest base, and back
+    assert two["flag"] is None
+    md = render_markdown({"mode": "weak", "device_type": "cpu", "notice": None, "sizes": [base, two],
+                          "noisy": "noisy: throughput spread up to 20% after 3 rounds"})
+    assert "| 1,600 | ±9% |" in md and "- noisy: throughput spread up to 20%" in md
+
+
+def test_a_superlinear_efficiency_is_flagged_and_explained():
+    weak = build_points([1, 2], [1], "weak", 8)
+    base, two = scaling_rows(weak, [{"samples_per_s": 1000.0}, {"samples_per_s": 2600.0}])
+    assert two["scaling_efficiency"] == pytest.approx(1.3)
+    assert two["flag"].startswith("implausible (130%, beyond the measurements' spread)") and base["flag"] is None
+    noisy = scaling_rows(weak, [[{"samples_per_s": v} for v in (800.0, 1000.0, 1400.0)],
+                                [{"samples_per_s": v} for v in (2200.0, 2300.0, 2400.0)]])[1]
+    assert "within the measurements' spread" in noisy["flag"]  # 2200 / (2 x 1400) < 1
+    strong = build_points([1, 2], [1], "strong", 32)  # 32 -> 16 per worker: another workload per worker
+    two = scaling_rows(strong, [{"samples_per_s": 1000.0}, {"samples_per_s": 2600.0}])[1]
+    assert "the per-worker batch changed (32 -> 16)" in two["flag"]
+    assert scaling_rows(weak, [{"samples_per_s": 1000.0}, {"samples_per_s": 2080.0}])[1]["flag"] is None  # 104%: noise
+    md = render_markdown({"mode": "weak", "device_type": "cpu", "notice": None,
+                          "sizes": scaling_rows(weak, [{"samples_per_s": 1000.0}, {"samples_per_s": 2600.0}])})
+    assert "- 2 workers: implausible (130%" in md
 
 
 def test_capacity_notice_says_when_the_machine_cannot_show_scaling():

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-COLUMNS = ("world_size", "nodes", "gpus_per_node", "batch_per_worker", "global_batch", "samples_per_s",
+import statistics
+
+COLUMNS = ("world_size", "nodes", "gpus_per_node", "batch_per_worker", "global_batch", "samples_per_s", "spread",
            "step_time_s_median", "speedup", "scaling_efficiency", "comm_share", "peak_memory_mb")
+SUPERLINEAR = 1.05  # an efficiency above this is no scaling a DDP job can have at the same per-worker work
 
 
 def scaling_efficiency(throughput: float, workers: int, base_throughput: float, base_workers: int) -> float:
@@ -15,25 +18,61 @@ def scaling_efficiency(throughput: float, workers: int, base_throughput: float, 
     return throughput / ideal if ideal > 0 else 0.0
 
 
-def scaling_rows(points: Sequence[Any], summaries: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per size, efficiency and speedup against the smallest size in the sweep."""
-    pairs = sorted(zip(points, summaries), key=lambda ps: ps[0].world_size)
-    base_point, base = pairs[0]
-    base_tput = float(base.get("samples_per_s") or 0.0)
+def throughputs(rounds: Sequence[Dict[str, Any]]) -> List[float]:
+    return [float(s.get("samples_per_s") or 0.0) for s in rounds]
+
+
+def spread(values: Sequence[float]) -> float:
+    """(largest - smallest) / median of one size's throughput over its rounds: 0 for a single round."""
+    middle = statistics.median(values) if values else 0.0
+    return (max(values) - min(values)) / middle if len(values) > 1 and middle > 0 else 0.0
+
+
+def scaling_rows(points: Sequence[Any], summaries: Sequence[Any]) -> List[Dict[str, Any]]:
+    """One row per size, efficiency and speedup against the smallest size in the sweep.
+
+    summaries: per point, its runs' summaries (one per round; a single summary is one round). The
+    throughput is their median; the efficiency range pairs this size's slowest round with the
+    base's fastest and the other way round; an efficiency above SUPERLINEAR is flagged.
+    """
+    rounds = [[s] if isinstance(s, dict) else list(s) for s in summaries]
+    pairs = sorted(zip(points, rounds), key=lambda ps: ps[0].world_size)
+    base_point, base_rounds = pairs[0]
+    base_all = throughputs(base_rounds)
+    base_tput = statistics.median(base_all)
     rows = []
-    for point, summary in pairs:
-        tput = float(summary.get("samples_per_s") or 0.0)
+    for point, runs in pairs:
+        every = throughputs(runs)
+        tput = statistics.median(every)
+        summary = runs[len(runs) // 2]
         memory, kind = _peak_memory(summary)
+        efficiency = scaling_efficiency(tput, point.world_size, base_tput, base_point.world_size)
+        low = scaling_efficiency(min(every), point.world_size, max(base_all), base_point.world_size)
+        high = scaling_efficiency(max(every), point.world_size, min(base_all), base_point.world_size)
         rows.append({
             "world_size": point.world_size, "nodes": point.nodes, "gpus_per_node": point.gpus,
             "batch_per_worker": point.batch_size, "global_batch": point.batch_size * point.world_size,
-            "samples_per_s": tput, "step_time_s_median": summary.get("step_time_s_median"),
+            "samples_per_s": tput, "spread": spread(every), "rounds": len(every), "samples_per_s_rounds": every,
+            "step_time_s_median": summary.get("step_time_s_median"),
             "speedup": tput / base_tput if base_tput > 0 else 0.0,
-            "scaling_efficiency": scaling_efficiency(tput, point.world_size, base_tput, base_point.world_size),
+            "scaling_efficiency": efficiency, "efficiency_range": [low, high],
             "comm_share": summary.get("comm_share"), "peak_memory_mb": memory, "peak_memory_kind": kind,
             "tokens_per_s": summary.get("tokens_per_s"), "run_id": summary.get("run_id"),
+            "flag": plausibility(efficiency, low, point.batch_size, base_point.batch_size),
         })
     return rows
+
+
+def plausibility(efficiency: float, low: float, batch: int, base_batch: int) -> Optional[str]:
+    """None, or why a superlinear efficiency is not to be believed as scaling."""
+    if efficiency <= SUPERLINEAR:
+        return None
+    if batch != base_batch:
+        return (f"superlinear ({100 * efficiency:.0f}%): the per-worker batch changed ({base_batch} -> {batch}), "
+                "so each worker did different work (e.g. it fit a cache); not a scaling gain")
+    noise = "within the measurements' spread" if low <= 1.0 else "beyond the measurements' spread"
+    return (f"implausible ({100 * efficiency:.0f}%, {noise}): superlinear at the same per-worker batch and data; "
+            "a noisy machine or a measuring error, not scaling")
 
 
 def _peak_memory(summary: Dict[str, Any]) -> tuple:
@@ -47,6 +86,8 @@ def _fmt(value: Any, column: str) -> str:
         return "-"
     if column in ("scaling_efficiency", "comm_share"):
         return f"{100 * value:.0f}%"
+    if column == "spread":
+        return f"±{50 * value:.0f}%"
     if column == "speedup":
         return f"{value:.2f}x"
     if column == "step_time_s_median":
@@ -57,7 +98,8 @@ def _fmt(value: Any, column: str) -> str:
 
 
 HEADERS = {"world_size": "workers", "nodes": "nodes", "gpus_per_node": "per node", "batch_per_worker": "batch/worker",
-           "global_batch": "global batch", "samples_per_s": "samples/s", "step_time_s_median": "step time",
+           "global_batch": "global batch", "samples_per_s": "samples/s", "spread": "spread",
+           "step_time_s_median": "step time",
            "speedup": "speedup", "scaling_efficiency": "efficiency", "comm_share": "comm share",
            "peak_memory_mb": "peak MB"}
 
@@ -70,9 +112,19 @@ def render_markdown(result: Dict[str, Any]) -> str:
     lines.append("|" + "---|" * len(COLUMNS))
     for row in result["sizes"]:
         lines.append("| " + " | ".join(_fmt(row.get(c), c) for c in COLUMNS) + " |")
-    lines += ["", "Efficiency = throughput_N / (N / N0 x throughput_N0) against the smallest size N0; "
-              "peak memory is CUDA max allocated on GPU, process RSS on CPU.", ""]
+    lines += [""] + [f"- {line}" for line in notes(result)]
+    lines += ["", "Efficiency = throughput_N / (N / N0 x throughput_N0) against the smallest size N0, from the "
+              "median throughput of each size's rounds; spread = ± half (largest - smallest) / median of a size's "
+              "rounds; peak memory is CUDA max allocated on GPU, process RSS on CPU.", ""]
     return "\n".join(lines)
+
+
+def notes(result: Dict[str, Any]) -> List[str]:
+    """The lines under the table: how noisy the figures are, and what not to believe."""
+    said = [f"{r['world_size']} workers: {r['flag']}" for r in result["sizes"] if r.get("flag")]
+    if result.get("noisy"):
+        said.append(result["noisy"])
+    return said
 
 
 def print_table(result: Dict[str, Any]) -> None:
@@ -85,6 +137,8 @@ def print_table(result: Dict[str, Any]) -> None:
     for row in result["sizes"]:
         table.add_row(*(_fmt(row.get(c), c) for c in COLUMNS))
     Console(width=160).print(table)
+    for line in notes(result):
+        print(f"scale: {line}", flush=True)
 
 
 def render_plot(rows: List[Dict[str, Any]], path: Path, mode: str) -> None:
