@@ -50,6 +50,8 @@ def test_a_restarted_job_accounts_for_every_second(tmp_path):
     for cause in ("startup", "checkpoint", "failure_detection", "restart", "recompute", "shutdown"):
         assert lost[cause] > 0, cause
     assert lost["hang"] == 0 and 0 < summary["goodput"] < 1
+    # the job's first step, not the restarted attempt's: start-up up to it is all start-up badput
+    assert summary["time_to_first_step_s"] == pytest.approx(lost["startup"], abs=0.5)
     assert f"goodput {summary['goodput']:.0%}" in result.stderr.strip().splitlines()[-1]
     last = read_metrics(run_dir)[-1]
     assert last["step"] == 40 and last["badput_s"]["restart"] == lost["restart"]

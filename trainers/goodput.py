@@ -119,6 +119,15 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
+def first_step_of_launch(run_dir: Optional[str], started: Optional[float]) -> Optional[float]:
+    """When this launch first stepped, over all its attempts (rank 0's records); None before any step."""
+    if not run_dir or started is None:
+        return None
+    firsts = [r["first_step_at"] for r in _attempts(Path(run_dir), launch_key(started), "attempt").values()
+              if r.get("first_step_at") is not None]
+    return min(firsts) if firsts else None
+
+
 def _attempts(run_dir: Path, key: str, kind: str) -> Dict[int, Dict[str, Any]]:
     found = {}
     for path in (run_dir / DIR).glob(f"{key}-{kind}-*.json"):

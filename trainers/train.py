@@ -30,7 +30,7 @@ from trainers.dist import DistEnv, init_process_group, pick_device, process_grou
 from trainers.faults import maybe_fail
 from trainers.features_report import FeatureTimes, feature_summary, loader_settings
 from trainers.footprint import PeakMemory, state_bytes
-from trainers.goodput import GoodputClock, job_goodput
+from trainers.goodput import GoodputClock, first_step_of_launch, job_goodput
 from trainers.inject_hang import maybe_hang
 from trainers.loggers import MetricsLogger, build_loggers, run_dir_from_env
 from trainers.memory import OutOfMemory, memory_stats, oom_message
@@ -276,7 +276,7 @@ def _finish(cfg: Any, env: DistEnv, device: torch.device, backend: str, run: _Ru
         "final_loss": final_loss,
         "param_checksum": checksum,
         "param_checksums": checksums,
-        "time_to_first_step_s": _since_launch(state.first_step_at),
+        "time_to_first_step_s": _since_launch(_first_step_at(env, run, state)),
         "restart_count": env.restart_count,
         "resumed_from_step": run.start.resumed.position.step if run.start.resumed else None,
         "stopped_by": signal.Signals(STOP.signum).name if STOP.signum else None,
@@ -318,6 +318,15 @@ def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
         t = t.to(value.device)
         dist.all_reduce(t)
     return float(t.item()) / world
+
+
+def _first_step_at(env: DistEnv, run: _Run, state: _LoopState) -> Optional[float]:
+    """When the launch's first step ended; after a restart, when it started (rank 0's goodput records keep the
+    first attempt's), so start-up stays the command's, not the restart's."""
+    if env.restart_count == 0:
+        return state.first_step_at
+    first_started = first_step_of_launch(run.run_dir, _launch_started())
+    return first_started if first_started is not None else state.first_step_at
 
 
 def _launch_started() -> Optional[float]:
