@@ -36,13 +36,18 @@ def run_bounded(argv: List[str], cwd: Path, timeout: float, env: Optional[Dict[s
     """Run argv (in its own session, launcher_env(env)) to completion; on timeout kill its process group and fail."""
     proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
+    out, err = communicate_bounded(proc, timeout, what)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def communicate_bounded(proc: subprocess.Popen, timeout: float, what: str = "command") -> tuple:
+    """proc's (stdout, stderr) once it has exited; on timeout kill its process group (start_new_session) and fail."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         out, err = proc.communicate()
-        raise AssertionError(f"{what} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        raise AssertionError(f"{what} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
 
 
 def kill_group(proc: subprocess.Popen) -> None:
