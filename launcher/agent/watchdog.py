@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, TypeVar
 
+from launcher.agent import flight
 from launcher.agent.progress import SLOWEST_FACTOR, Progress, RankBeat
 from launcher.agent.stacks import (DUMP_WAIT_S, NATIVE_WAIT_S, dump_native, dump_stacks, in_setup,
                                    trigger_nccl_dumps, where)
@@ -99,7 +100,8 @@ class Watchdog(threading.Thread):
         trigger_nccl_dumps(self.run_dir)
         frames = dump_stacks(self.run_dir, ranks)
         places = {rank: where(f) for rank, f in frames.items()}
-        self.verdict = self._explain(ranks, late, places, now)
+        self.verdict = with_recorder(self._explain(ranks, late, places, now), flight.verdict(
+            flight.read_traces(self.run_dir / "stacks")))  # NCCL ranks only; their dumps were asked for first
         log.error("watchdog: " + ("ranks made no progress" if late is None else "ranks never started")
                   + "; stacks dumped, stopping the job")
         note = dump_native(self.run_dir, ranks)
@@ -129,6 +131,14 @@ class Watchdog(threading.Thread):
         also = "; still beating: " + ", ".join(f"rank {r.rank} in {places[r.rank]}" for r in others) if others else ""
         why = "watchdog.timeout_s" if allowed <= self.timeout_s else f"its start-up, or {SLOWEST_FACTOR:g} x its slowest step"
         return f"hang: no progress for over {allowed:.0f}s ({why}): {named}{also}{unstarted}{stacks}"
+
+
+def with_recorder(verdict: str, recorded: Optional[str]) -> str:
+    """The flight recorder's finding leads the verdict: it names the collective, not just where ranks wait."""
+    if not recorded:
+        return verdict
+    kind, _, rest = verdict.partition(": ")
+    return f"{kind}: {recorded} (NCCL flight recorder); {rest}"
 
 
 def _children() -> Dict[int, float]:
