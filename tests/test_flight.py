@@ -94,6 +94,20 @@ def test_only_plain_data_is_unpickled_and_a_cut_dump_is_skipped(real_dumps, tmp_
     assert sorted(flight.read_traces(tmp_path)) == [0]
 
 
+def test_collect_waits_for_the_dumps_of_the_ranks_asked(real_dumps, tmp_path):
+    import threading
+
+    (tmp_path / "nccl-pipe-rank-1.pipe").write_text("")  # torch made rank 1's debug pipe: the watchdog asked it
+    late = threading.Timer(0.5, lambda: (tmp_path / "nccl-trace-rank-1").write_bytes(
+        (real_dumps / "nccl-trace-rank-1").read_bytes()))
+    late.start()
+    try:
+        assert sorted(flight.collect(tmp_path, wait_s=20)) == [1]  # written by NCCL's thread a moment later
+    finally:
+        late.cancel()
+    assert flight.collect(real_dumps, wait_s=20) and flight.collect(tmp_path / "..", wait_s=0) == {}
+
+
 def test_the_finding_leads_the_verdict_and_the_plan_writes_where_it_is_read():
     verdict = "hang: no progress for over 300s (watchdog.timeout_s): rank 0 stuck 301s in all_reduce (x.py:3)"
     assert with_recorder(verdict, "rank 1 never joined all_reduce #4 (rank 0 waiting 61s)") == (

@@ -46,4 +46,5 @@ def test_a_hung_nccl_job_has_the_flight_recorder_on_and_is_named(tmp_path):
     run_dir = only_run_dir(tmp_path / "runs")
     error = read_summary(run_dir)["error"]
     assert "rank 0 stuck" in error, error
+    assert "rank 0 never joined all_reduce #" in error and "(NCCL flight recorder)" in error, error
     assert (run_dir / "stacks" / "rank-1.txt").read_text()

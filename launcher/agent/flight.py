@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from launcher.agent.stacks import NCCL_PIPE_PREFIX as PIPE_PREFIX
+
 TRACE_PREFIX = "nccl-trace-rank-"  # launcher.plan sets TORCH_NCCL_DEBUG_INFO_TEMP_FILE to stacks/<this>
 DONE = "completed"
 
@@ -28,6 +30,18 @@ class _PlainData(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def collect(stacks_dir: Path, wait_s: float) -> Dict[int, Dict[str, Any]]:
+    """The dumps of every rank that has a debug pipe here (NCCL ranks asked to dump), waiting up to wait_s
+    for NCCL's watchdog thread to write them; whatever is readable by then."""
+    asked = {p.name[len(PIPE_PREFIX):].split(".")[0] for p in stacks_dir.glob(f"{PIPE_PREFIX}*.pipe")}
+    deadline = time.monotonic() + wait_s
+    traces = read_traces(stacks_dir)
+    while asked and not asked <= {str(r) for r in traces} and time.monotonic() < deadline:
+        time.sleep(0.1)
+        traces = read_traces(stacks_dir)
+    return traces
 
 
 def read_traces(stacks_dir: Path) -> Dict[int, Dict[str, Any]]:

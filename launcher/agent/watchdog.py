@@ -101,7 +101,7 @@ class Watchdog(threading.Thread):
         frames = dump_stacks(self.run_dir, ranks)
         places = {rank: where(f) for rank, f in frames.items()}
         self.verdict = with_recorder(self._explain(ranks, late, places, now), flight.verdict(
-            flight.read_traces(self.run_dir / "stacks")))  # NCCL ranks only; their dumps were asked for first
+            flight.collect(self.run_dir / "stacks", DUMP_WAIT_S)))  # NCCL ranks only; their dumps were asked for first
         log.error("watchdog: " + ("ranks made no progress" if late is None else "ranks never started")
                   + "; stacks dumped, stopping the job")
         note = dump_native(self.run_dir, ranks)
