@@ -90,6 +90,46 @@ def test_user_script_hang_is_caught_and_explained(tmp_path):
     assert "all_reduce (hang.py:" in message  # rank 0 waits for rank 1 in the collective
 
 
+LOADER_SCRIPT = textwrap.dedent("""
+    import os, time
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 100000
+
+        def __getitem__(self, i):
+            if int(os.environ["RANK"]) == 1 and i >= 20 * 8:
+                time.sleep(3600)  # a stuck read: a network filesystem, a lock
+            return torch.randn(8), torch.randn(1)
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(Slow(), batch_size=8, num_workers=1):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_a_rank_stuck_in_its_data_loader_is_named_with_its_workers_place(tmp_path):
+    """A plain script (no launcher import): rank 1's loader worker blocks in __getitem__, rank 0 waits in DDP."""
+    (tmp_path / "loader.py").write_text(LOADER_SCRIPT)
+    proc, workers = launch(tmp_path, ["--gpus", "2", f"watchdog.timeout_s={TIMEOUT_S}", "loader.py"])
+    assert len(workers) >= 2, workers
+    _, err = finish(proc, TIMEOUT_S + BOUND_S + 30)
+    message = check_hang_report(tmp_path, proc, workers, err, "the data loader, waiting for a batch from its worker processes")
+    assert "rank 1 stuck" in message and "its worker in Slow.__getitem__ (loader.py:14)" in message, message
+    stacks = only_run_dir(tmp_path / "runs") / "stacks"
+    (dump,) = stacks.glob("rank-1.loader-*.txt")
+    assert "Slow.__getitem__ (loader.py:14)" in dump.read_text()
+
+
 def test_builtin_trainer_hang_is_caught_and_explained(tmp_path):
     env = {"LAUNCHER_TEST_HANG_RANK": "1", "LAUNCHER_TEST_HANG_STEP": "5"}
     args = ["--gpus", "2", f"watchdog.timeout_s={TIMEOUT_S}", "trainer.steps=100000", "wandb.mode=disabled", *QUICK]

@@ -27,6 +27,9 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 # A rank whose main thread is inside one of these has not finished setting up its process group.
 SETUP_FUNCTIONS = ("init_process_group", "init_device_mesh")
+# torch's DataLoader: a rank blocked in it waits for data, not for a peer (its workers' stacks are their own processes)
+DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
+LOADER_WAITS = ("_try_get_data", "_get_data")  # the multi-process loader waiting on its workers' queue
 NCCL_PIPE_PREFIX = "nccl-pipe-rank-"  # launcher.plan sets TORCH_NCCL_DEBUG_INFO_PIPE_FILE to stacks/<this>
 Frames = List[Tuple[str, int, str]]
 
@@ -55,12 +58,18 @@ def main_thread_frames(dump: str, thread: int) -> Frames:
 
 
 def where(frames: Frames) -> str:
-    """'all_reduce (trainers/train.py:80)': the innermost function, and the innermost line of user code."""
+    """'all_reduce (trainers/train.py:80)': the innermost function, and the innermost line of user code;
+    'the data loader, waiting for a batch from its worker processes (select, train.py:22)' inside torch's."""
     if not frames:
         return "an unknown place (no stack dump)"
     func = next((f for _, _, f in frames if f in SETUP_FUNCTIONS), frames[0][2])  # set-up: name the call the user made
     user = next((f for f in frames if not f[0].startswith(_LIBRARY_DIRS)), frames[0])
-    return f"{func} ({_short(user[0])}:{user[1]})"
+    place = f"{func} ({_short(user[0])}:{user[1]})"
+    loader = next((f for path, _, f in frames if path.endswith(DATALOADER_FILE)), None)
+    if loader is None:
+        return place
+    waits = "waiting for a batch from its worker processes" if loader in LOADER_WAITS else "loading a batch in the rank itself"
+    return f"the data loader, {waits} ({func}, {_short(user[0])}:{user[1]})"
 
 
 def in_setup(frames: Frames) -> bool:
@@ -122,6 +131,37 @@ def dump_native(run_dir: Path, ranks: List[Worker]) -> Optional[str]:
         if proc.returncode != 0:
             failed.append(r.rank)
     return f"py-spy could not read ranks {failed} (see stacks/rank-<k>.native.txt)" if failed else None
+
+
+def dump_loader_workers(run_dir: Path, ranks: List[Worker]) -> List[Path]:
+    """py-spy's Python stacks of these ranks' child processes (their data loader workers, where the stuck read
+    is) into stacks/rank-<k>.loader-<pid>.txt; the files written."""
+    import psutil
+
+    exe, written = py_spy(), []
+    if exe is None:
+        return written
+    for r in ranks:
+        try:
+            children = psutil.Process(r.pid).children()
+        except psutil.Error:
+            continue
+        for child in children:
+            path = run_dir / "stacks" / f"rank-{r.rank}.loader-{child.pid}.txt"
+            with open(path, "w") as out, contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run([exe, "dump", "--pid", str(child.pid)], stdout=out, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, timeout=NATIVE_WAIT_S)
+            written.append(path)
+    return written
+
+
+def innermost_frame(py_spy_dump: str) -> Optional[str]:
+    """'Slow.__getitem__ (data.py:14)': the first frame of the first thread in a `py-spy dump`."""
+    lines = py_spy_dump.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Thread ") and i + 1 < len(lines) and lines[i + 1].startswith("    "):
+            return lines[i + 1].strip()
+    return None
 
 
 def trigger_nccl_dumps(run_dir: Path) -> None:
