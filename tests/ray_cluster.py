@@ -47,6 +47,7 @@ class RayDevCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.procs: List[subprocess.Popen] = []
+        self.killed: set = set()  # Ray node ids whose raylet a test killed: Ray calls them alive for ~30 s more
         self.temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it (108 bytes max)
         self.env = launcher_env({"RAY_USAGE_STATS_ENABLED": "0"})
         self.env.pop("RAY_ADDRESS", None)
@@ -67,7 +68,7 @@ class RayDevCluster:
     def grow_to(self, count: int, timeout: float = 240) -> None:
         """Start nodes, one at a time, until count are alive (a test that killed one leaves the next a whole cluster)."""
         SESSION_PIDS.difference_update(p.pid for p in self.procs if p.poll() is not None)  # nodes killed earlier
-        alive = sum(n["alive"] for n in self.query()["nodes"])
+        alive = sum(n["alive"] and n["id"] not in self.killed for n in self.query()["nodes"])
         for _ in range(count - alive):
             for attempt in range(3):  # `ray start` gives a node 30 s to register, which a loaded machine can miss
                 name = f"node{len(self.procs)}"
@@ -170,4 +171,5 @@ def kill_node(cluster: RayDevCluster, node_id: str) -> int:
     pid = cluster.raylet_pid(node_id)
     assert pid is not None, f"no raylet for Ray node {node_id} among the dev cluster's processes"
     os.kill(pid, signal.SIGKILL)
+    cluster.killed.add(node_id)
     return pid

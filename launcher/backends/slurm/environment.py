@@ -31,7 +31,11 @@ ENV: Dict[str, str] = {
     "restart_count": "SLURM_RESTART_COUNT",
     "cpus_per_task": "SLURM_CPUS_PER_TASK",
 }
-PORT_RANGE = (20000, 60000)  # above the well-known ports, below Linux's default ephemeral range
+# Above the well-known ports and below Linux's default ephemeral range (32768-60999): a port in that range
+# can be held at any moment by some process's outgoing connection (CI saw job 159's port 49470 taken
+# that way, and node 0 refused to start). Every node derives the same port, so this is a constant, not
+# each machine's own ip_local_port_range.
+PORT_RANGE = (20000, 32767)
 
 
 def parse_nodelist(text: str) -> List[str]:
