@@ -7,6 +7,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 
 from launcher.agent.progress import RankBeat, stuck_ranks
@@ -122,7 +123,16 @@ def test_a_rank_stuck_in_its_data_loader_is_named_with_its_workers_place(tmp_pat
     (tmp_path / "loader.py").write_text(LOADER_SCRIPT)
     proc, workers = launch(tmp_path, ["--gpus", "2", f"watchdog.timeout_s={TIMEOUT_S}", "loader.py"])
     assert len(workers) >= 2, workers
-    _, err = finish(proc, TIMEOUT_S + BOUND_S + 30)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S + BOUND_S + 30)
+        # before the group is killed below: the loader worker outlives its killed rank (the zygote adopts it),
+        # and it must not outlive the job
+        (dump,) = (only_run_dir(tmp_path / "runs") / "stacks").glob("rank-1.loader-*.txt")
+        pid = int(dump.stem.rsplit("-", 1)[1])
+        left = wait_gone([psutil.Process(pid)], timeout=10) if psutil.pid_exists(pid) else []
+        assert left == [], "the data loader's worker outlived the job"
+    finally:
+        kill_group(proc)
     message = check_hang_report(tmp_path, proc, workers, err, "the data loader, waiting for a batch from its worker processes")
     assert "rank 1 stuck" in message and "its worker in Slow.__getitem__ (loader.py:14)" in message, message
     stacks = only_run_dir(tmp_path / "runs") / "stacks"

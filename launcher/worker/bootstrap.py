@@ -79,19 +79,43 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
             children.add(pid)
             send(sock, {"event": "started", "id": message["id"], "pid": pid})
         reap(children, sock)
-    for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # Every child, not only the workers: as the subreaper, this process also adopted the orphans of workers
+    # that died first (a data loader's worker stuck in a read outlived its killed rank, and then the job).
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
+        left = children | own_children()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        children = set()
         try:
             if os.waitpid(-1, 0)[0] <= 0:
                 break
         except ChildProcessError:
             break
     return None
+
+
+def own_children() -> set:
+    """The pids whose parent is this process (Linux /proc; empty elsewhere)."""
+    me, found = str(os.getpid()), set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2:].split()[1] == me:
+            found.add(int(entry))
+    return found
 
 
 def preload(kind: str) -> None:
