@@ -57,9 +57,10 @@ def main_thread_frames(dump: str, thread: int) -> Frames:
     return frames
 
 
-def where(frames: Frames) -> str:
+def where(frames: Frames, worker: Optional[str] = None) -> str:
     """'all_reduce (trainers/train.py:80)': the innermost function, and the innermost line of user code;
-    'the data loader, waiting for a batch from its worker processes (select, train.py:22)' inside torch's."""
+    'the data loader, waiting for a batch from its worker processes (select, train.py:22)' inside torch's
+    (worker: where the loader's worker process is, when known)."""
     if not frames:
         return "an unknown place (no stack dump)"
     func = next((f for _, _, f in frames if f in SETUP_FUNCTIONS), frames[0][2])  # set-up: name the call the user made
@@ -69,7 +70,12 @@ def where(frames: Frames) -> str:
     if loader is None:
         return place
     waits = "waiting for a batch from its worker processes" if loader in LOADER_WAITS else "loading a batch in the rank itself"
-    return f"the data loader, {waits} ({func}, {_short(user[0])}:{user[1]})"
+    also = f"; its worker in {worker}" if worker else ""
+    return f"the data loader, {waits} ({func}, {_short(user[0])}:{user[1]}{also})"
+
+
+def in_data_loader(frames: Frames) -> bool:
+    return any(path.endswith(DATALOADER_FILE) for path, _, _ in frames)
 
 
 def in_setup(frames: Frames) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, TypeVar
 from launcher.agent import flight
 from launcher.agent.progress import SLOWEST_FACTOR, Progress, RankBeat
 from launcher.agent.stacks import (DUMP_WAIT_S, NATIVE_WAIT_S, dump_loader_workers, dump_native, dump_stacks,
-                                   in_setup, innermost_frame, trigger_nccl_dumps, where)
+                                   in_data_loader, in_setup, innermost_frame, trigger_nccl_dumps, where)
 from launcher.runtime.beats import read_beat
 from launcher.errors import HangError
 
@@ -101,10 +101,9 @@ class Watchdog(threading.Thread):
         frames = dump_stacks(self.run_dir, ranks)
         places = {rank: where(f) for rank, f in frames.items()}
         for r in ranks:  # a rank waiting for its data loader: where the loader's worker is, is the cause
-            if places[r.rank].startswith("the data loader"):
+            if in_data_loader(frames[r.rank]):
                 inner = [innermost_frame(p.read_text(errors="replace")) for p in dump_loader_workers(self.run_dir, [r])]
-                if any(inner):
-                    places[r.rank] = f"{places[r.rank][:-1]}; its worker in {next(i for i in inner if i)})"
+                places[r.rank] = where(frames[r.rank], worker=next((i for i in inner if i), None))
         self.verdict = with_recorder(self._explain(ranks, late, places, now), flight.verdict(
             flight.collect(self.run_dir / "stacks", DUMP_WAIT_S)))  # NCCL ranks only; their dumps were asked for first
         log.error("watchdog: " + ("ranks made no progress" if late is None else "ranks never started")
