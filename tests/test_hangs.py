@@ -94,8 +94,44 @@ def test_a_hang_on_node_1_is_named_on_node_0_across_machines(tmp_path):
     out0, out1 = finish_all(procs, timeout=85)
     assert [p.returncode for p in procs] == [1, 1], out0 + out1
     assert "node 1: hang:" in out0 and "rank 1 stuck" in out0 and "sleep_forever (ddp_hang.py:" in out0, out0
+    assert "error: " + read_summary(only_run_dir(tmp_path / "machine0"))["error"] in out0, out0
     summary = read_summary(only_run_dir(tmp_path / "machine0"))
     assert summary["status"] == "hung" and "node 1: hang:" in summary["error"], summary
+    for k in (0, 1):  # each machine's ranks' stacks in its own run directory
+        stacks = only_run_dir(tmp_path / f"machine{k}") / "stacks"
+        assert "most recent call first" in (stacks / f"rank-{k}.txt").read_text()
+
+
+def test_a_rank_on_node_1_that_never_reaches_init_process_group_is_named(tmp_path):
+    """Node 0's rank waits in init_process_group; node 1's rank sleeps before it: node 1 is told, and names it."""
+    started = time.monotonic()
+    proc, workers = launch(tmp_path, ["--nodes", "2", "--gpus", "1", "watchdog.start_timeout_s=4"], ["--hang", "1", "--at", "0"])
+    out, = finish_all([proc], timeout=85)
+    _, error = check_caught(tmp_path, proc, workers, out, started)
+    assert error.startswith("node 1: stuck start: no progress within 4s"), error  # the cause leads
+    assert "not in init_process_group: rank 1 in sleep_forever (ddp_hang.py:" in error, error
+    assert "node 0: stuck start" in error and "waiting: rank 0 in init_process_group (ddp_hang.py:" in error, error
+    assert time.monotonic() - started < 4 + BOUND_S + 15, "the nodes did not stop together"  # + imports and meeting
+
+
+def test_a_stuck_start_on_node_0_is_named_across_machines(tmp_path):
+    """Two node agents, own run directories, a rendezvous secret (the flag between them is signed);
+    rank 0 (node 0, the head) never reaches init_process_group."""
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
+    port = free_port()
+    procs = [start_launcher(["--nodes", "2", "--gpus", "1", "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), f"output_dir={tmp_path / f'machine{k}'}",
+                             f"watchdog.timeout_s={TIMEOUT_S}", "watchdog.start_timeout_s=4", SCRIPT.name,
+                             "--hang", "0", "--at", "0"], tmp_path, env={"LAUNCHER_RDZV_SECRET": "s3cret-for-this-test"})
+             for k in (0, 1)]
+    out0, out1 = finish_all(procs, timeout=85)
+    assert [p.returncode for p in procs] == [1, 1], out0 + out1
+    summary = read_summary(only_run_dir(tmp_path / "machine0"))
+    assert summary["status"] == "hung", summary
+    error = summary["error"]
+    assert error.startswith("node 0: stuck start") and "not in init_process_group: rank 0 in sleep_forever (ddp_hang.py:" in error, error
+    assert "node 1: stuck start" in error and "waiting: rank 1 in init_process_group (ddp_hang.py:" in error, error
+    assert error in out0
     for k in (0, 1):  # each machine's ranks' stacks in its own run directory
         stacks = only_run_dir(tmp_path / f"machine{k}") / "stacks"
         assert "most recent call first" in (stacks / f"rank-{k}.txt").read_text()

@@ -26,7 +26,7 @@ from launcher.config.rendezvous import rdzv_configs
 from launcher.plan import LaunchPlan
 from launcher.agent.processes import WorkerJob
 from launcher.agent.stores import listening_store
-from launcher.agent.watchdog import run_watched
+from launcher.agent.watchdog import StartPeers, run_watched
 from launcher.runtime import env
 from trainers.diskspace import free_space, nearly_full
 
@@ -36,7 +36,8 @@ NEVER_TO_WORKERS = (env.RDZV_SECRET,)  # the agents' alone: a worker's environme
 
 
 def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunDirLogsSpecs] = None,
-             local_addr: Optional[str] = None, rdzv_key: Optional[bytes] = None) -> Tuple[Dict[int, Any], int]:
+             local_addr: Optional[str] = None, rdzv_key: Optional[bytes] = None,
+             peers: Optional[StartPeers] = None) -> Tuple[Dict[int, Any], int]:
     """Run this node's agent to completion; returns ({local_rank: result}, restarts).
 
     logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
@@ -44,6 +45,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     rdzv_key: the job's rendezvous secret; torch's c10d rendezvous state is then signed with it, and a
     state read that is not is refused before it is unpickled (launcher.agent.signed_rdzv). A run on one
     machine makes its own.
+    peers: the other nodes, for the watchdog (a stuck start whose missing rank is on another node).
     """
     agent_env = {**plan.agent_env, **elastic_fixes.apply(plan.nodes)}
     os.environ.update(agent_env)
@@ -80,7 +82,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     try:
         with agent_installed(job, watch) as agent:
             results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)(),
-                                  announce=(plan.node_rank or 0) == 0)
+                                  announce=(plan.node_rank or 0) == 0, peers=peers)
     except ChildFailedError as e:
         raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts) from e
     except signed_rdzv.UnsignedStateError as e:

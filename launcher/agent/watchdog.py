@@ -18,8 +18,9 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, TypeVar
 
 from launcher.agent import flight
 from launcher.agent.progress import SLOWEST_FACTOR, Progress, RankBeat
@@ -32,6 +33,17 @@ log = logging.getLogger("launcher")
 T = TypeVar("T")
 
 KILL_AFTER_S = 0.3  # let the agent's shutdown start first, so it does not restart the killed workers
+CAUSE = "not in init_process_group"  # in a stuck start's verdict: the ranks the others wait for
+
+
+@dataclass(frozen=True)
+class StartPeers:
+    """The job's other nodes, for a stuck start whose missing rank is not on this node: ``flag()`` tells
+    them a rank here has waited in init_process_group past watchdog.start_timeout_s; ``flagged()`` is
+    whether any node did (launcher.backends.handshake). Both are cheap and never raise."""
+
+    flag: Callable[[], None]
+    flagged: Callable[[], bool]
 
 
 def local_ranks(run_dir: Path, children: Dict[int, float]) -> List[RankBeat]:
@@ -53,7 +65,8 @@ def local_ranks(run_dir: Path, children: Dict[int, float]) -> List[RankBeat]:
 class Watchdog(threading.Thread):
     """Polls this node's heartbeat files; on a hang or a stuck start, explains it and stops the job."""
 
-    def __init__(self, run_dir: str, timeout_s: float, start_timeout_s: float = 0.0) -> None:
+    def __init__(self, run_dir: str, timeout_s: float, start_timeout_s: float = 0.0,
+                 peers: Optional[StartPeers] = None) -> None:
         super().__init__(name="launcher-watchdog", daemon=True)
         self.run_dir = Path(run_dir)
         self.timeout_s = timeout_s
@@ -63,6 +76,8 @@ class Watchdog(threading.Thread):
         self._stop_event = threading.Event()
         self._poll_s = min(1.0, max(0.1, min(timeout_s, start_timeout_s or timeout_s) / 10))
         self._next_setup_look = 0.0
+        self.peers = peers
+        self._flagged_elsewhere = False
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -81,7 +96,8 @@ class Watchdog(threading.Thread):
                 return
 
     def _late_starters(self, ranks: List[RankBeat], now: float) -> List[RankBeat]:
-        """Ranks with no progress start_timeout_s after they started, once one of them sits in init_process_group.
+        """Ranks with no progress start_timeout_s after they started, once one of them, or a rank on
+        another node (StartPeers), sits in init_process_group.
 
         Only set-up counts: a script that never steps an optimizer (inference, a custom loop) is never
         judged, and one stack dump per start_timeout_s is all it costs it.
@@ -89,22 +105,30 @@ class Watchdog(threading.Thread):
         if self.start_timeout_s <= 0:
             return []
         late = [r for r in self.progress.never_started(ranks) if now - r.started_at > self.start_timeout_s]
+        if late and self.peers is not None and self.peers.flagged():
+            self._flagged_elsewhere = True
+            return late
         if not late or now < self._next_setup_look:
             return []
         self._next_setup_look = now + self.start_timeout_s
         frames = dump_stacks(self.run_dir, late)
-        return late if any(in_setup(frames[r.rank]) for r in late) else []
+        if not any(in_setup(frames[r.rank]) for r in late):
+            return []
+        if self.peers is not None:
+            self.peers.flag()  # before this node stops: the rank the others wait for may be on another node
+        return late
 
     def _fire(self, ranks: List[RankBeat], late: Optional[List[RankBeat]]) -> None:
         now = time.time()
         trigger_nccl_dumps(self.run_dir)
         frames = dump_stacks(self.run_dir, ranks)
         places = {rank: where(f) for rank, f in frames.items()}
+        setup = {rank for rank, f in frames.items() if in_setup(f)}
         for r in ranks:  # a rank waiting for its data loader: where the loader's worker is, is the cause
             if in_data_loader(frames[r.rank]):
                 inner = [innermost_frame(p.read_text(errors="replace")) for p in dump_loader_workers(self.run_dir, [r])]
                 places[r.rank] = where(frames[r.rank], worker=next((i for i in inner if i), None))
-        self.verdict = with_recorder(self._explain(ranks, late, places, now), flight.verdict(
+        self.verdict = with_recorder(self._explain(ranks, late, places, setup, now), flight.verdict(
             flight.collect(self.run_dir / "stacks", DUMP_WAIT_S)))  # NCCL ranks only; their dumps were asked for first
         log.error("watchdog: " + ("ranks made no progress" if late is None else "ranks never started")
                   + "; stacks dumped, stopping the job")
@@ -117,15 +141,13 @@ class Watchdog(threading.Thread):
         for r in ranks:
             _kill_tree(r.pid)  # hung in a collective, a worker may never act on SIGTERM
 
-    def _explain(self, ranks: List[RankBeat], late: Optional[List[RankBeat]], places: Dict[int, str], now: float) -> str:
+    def _explain(self, ranks: List[RankBeat], late: Optional[List[RankBeat]], places: Dict[int, str], setup: Set[int],
+                 now: float) -> str:
         never = self.progress.never_started(ranks)
         unstarted = "; never made progress: " + ", ".join(f"rank {r.rank} in {places[r.rank]}" for r in never) if never else ""
         stacks = f"; stacks in {self.run_dir / 'stacks'}"
         if late is not None:
-            began = [r for r in ranks if r not in never]
-            also = "; running: " + ", ".join(f"rank {r.rank} in {places[r.rank]}" for r in began) if began else ""
-            return (f"stuck start: no progress within {self.start_timeout_s:g}s of starting (watchdog.start_timeout_s)"
-                    f"{unstarted}{also}{stacks}")
+            return self._explain_start(ranks, never, places, setup) + stacks
         # One stuck rank soon stalls the rest in their next collective, and beats are coarse: every
         # rank silent for half its allowance counts as stuck; the odd place out is usually the cause.
         silent = self.progress.stuck(ranks, self.timeout_s, now, share=0.5)
@@ -135,6 +157,29 @@ class Watchdog(threading.Thread):
         also = "; still beating: " + ", ".join(f"rank {r.rank} in {places[r.rank]}" for r in others) if others else ""
         why = "watchdog.timeout_s" if allowed <= self.timeout_s else f"its start-up, or {SLOWEST_FACTOR:g} x its slowest step"
         return f"hang: no progress for over {allowed:.0f}s ({why}): {named}{also}{unstarted}{stacks}"
+
+    def _explain_start(self, ranks: List[RankBeat], never: List[RankBeat], places: Dict[int, str], setup: Set[int]) -> str:
+        """The ranks the others wait for lead: those not in init_process_group; then those waiting in it."""
+        def named(rs: List[RankBeat]) -> str:
+            return ", ".join(f"rank {r.rank} in {places[r.rank]}" for r in rs)
+        cause = [r for r in never if r.rank not in setup]
+        waiting = [r for r in never if r.rank in setup]
+        began = [r for r in ranks if r not in never]
+        parts = [f"stuck start: no progress within {self.start_timeout_s:g}s of starting (watchdog.start_timeout_s)"]
+        parts += [f"{CAUSE}: {named(cause)}"] if cause else []
+        if waiting:
+            parts.append(f"waiting: {named(waiting)}")
+        elif self._flagged_elsewhere:
+            parts.append("waiting in init_process_group: ranks on another node")
+        parts += [f"running: {named(began)}"] if began else []
+        return "; ".join(parts)
+
+
+def nodes_verdict(found: Dict[int, str]) -> str:
+    """The job's verdict from every hung node's: 'node K: ...' joined by ' | ', the nodes that name the ranks
+    the others wait for (a stuck start's cause) first."""
+    order = sorted(found, key=lambda k: (f"; {CAUSE}: " not in found[k], k))
+    return " | ".join(f"node {k}: {found[k]}" for k in order)
 
 
 def with_recorder(verdict: str, recorded: Optional[str]) -> str:
@@ -182,12 +227,13 @@ def what_is_watched(config: Dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def node_watchdog(run_dir: str, timeout_s: float, start_timeout_s: float = 0.0) -> Iterator[Optional[Watchdog]]:
+def node_watchdog(run_dir: str, timeout_s: float, start_timeout_s: float = 0.0,
+                  peers: Optional[StartPeers] = None) -> Iterator[Optional[Watchdog]]:
     """Watch this node's ranks while the body runs; a hang turns whatever the body raised into HangError."""
     if timeout_s <= 0:
         yield None
         return
-    dog = Watchdog(run_dir, timeout_s, start_timeout_s)
+    dog = Watchdog(run_dir, timeout_s, start_timeout_s, peers)
     dog.start()
     try:
         yield dog
@@ -202,11 +248,13 @@ def node_watchdog(run_dir: str, timeout_s: float, start_timeout_s: float = 0.0) 
         raise HangError(dog.verdict)
 
 
-def run_watched(run_dir: str, config: Dict[str, Any], launch: Callable[[], T], announce: bool = True) -> T:
-    """launch() (this node's agent) under the watchdog configured by config["watchdog"]."""
+def run_watched(run_dir: str, config: Dict[str, Any], launch: Callable[[], T], announce: bool = True,
+                peers: Optional[StartPeers] = None) -> T:
+    """launch() (this node's agent) under the watchdog configured by config["watchdog"]; peers: the other
+    nodes of a multi-node job."""
     dog = config.get("watchdog", {})
     timeout_s = float(dog.get("timeout_s", 0))
     if announce and timeout_s > 0:
         log.info(what_is_watched(config))
-    with node_watchdog(run_dir, timeout_s, float(dog.get("start_timeout_s", 0))):
+    with node_watchdog(run_dir, timeout_s, float(dog.get("start_timeout_s", 0)), peers):
         return launch()

@@ -5,7 +5,7 @@ run; after the job, the node that writes summary.json collects the list.
 
 The store is created multi-tenant on the rendezvous port: torch's static and c10d rendezvous create
 theirs the same way, so in the hosting process they share this one server (one port, no second one).
-This module owns every socket the launcher opens itself.
+With launcher.backends.addresses, this module owns every socket the launcher opens itself.
 
 With a rendezvous secret (README, Security), every value written here is signed and every value
 read is verified (launcher.agent.signing): a node given another secret is named, on every node.
@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launcher.agent import signing
 from launcher.agent.stores import listening_store
+from launcher.backends.addresses import is_local, port_is_free, require_free_port
 from launcher.errors import ConfigError, RendezvousAuthError, RendezvousError
 from launcher.config.rendezvous import split_endpoint
 from launcher.runtime import env
@@ -36,32 +37,8 @@ log = logging.getLogger("launcher")
 POLL_S = 0.1
 PLACEMENT_WAIT_S = 30.0  # after a finished job, how long nodes wait for each other's rank lists
 FAILED_PLACEMENT_WAIT_S = 3.0  # after a failed one, for a node between taking its slot and writing it
-
-
-def resolve_or_fail(host: str, flag: str) -> None:
-    """A host name that does not resolve is a one-line error before anything starts."""
-    try:
-        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
-        raise ConfigError(f"{flag} {host} does not resolve ({e.args[-1] if e.args else e}): "
-                          "check the spelling, or give node 0's IP address") from e
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out, for nodes simulated on this machine to meet on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT is no conflict
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
+STUCK_START = "stuck_start"  # set by a node whose watchdog saw a stuck start (flag_stuck_start)
+SIDE_TIMEOUT_S = 5.0
 
 
 @contextlib.contextmanager
@@ -82,54 +59,6 @@ def native_stderr_to_log() -> Iterator[None]:
                 log.debug("c10d while connecting:\n%s", text)
 
 
-def interface_towards(host: str, port: int) -> Optional[Tuple[str, str]]:
-    """(interface name, local address) this machine would use to reach host, or None if unknown.
-
-    gloo otherwise binds to whatever the machine's host name resolves to, often 127.0.1.1 on
-    Debian, and other machines then cannot reach it. A UDP connect sends nothing.
-    """
-    import psutil
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))
-            local = s.getsockname()[0]
-    except OSError:
-        return None
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
-            return name, local
-    return None
-
-
-def choose_interface(host: str, port: int) -> Optional[str]:
-    """Workers talk over the interface that reaches host (loopback for a job on this machine alone),
-    unless the user chose one; returns this machine's address on it (None: unknown)."""
-    found = interface_towards(host, port)
-    if found is None:
-        return None
-    name, address = found
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = name
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
-        say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
-        say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
-    return address
-
-
-def require_free_port(port: int) -> None:
-    """Node 0 hosts the rendezvous: a port something else holds is a usage error, named before it starts."""
-    if not port_is_free(port):
-        raise ConfigError(f"port {port} is already in use on this machine (node 0): pick another --master-port "
-                          f"for every node, or stop what holds it (`ss -ltnp 'sport = :{port}'`)")
-
-
-def _is_local(host: str) -> bool:
-    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-
-    return bool(_matches_machine_hostname(host))
-
-
 class NodeHandshake:
     """One node's side of the handshake; keep it alive for the whole job (it may host the store)."""
 
@@ -145,6 +74,7 @@ class NodeHandshake:
         self._raw: Any = None
         self._slot: Optional[int] = None  # this node's index among the published placements
         self._record: Dict[str, Any] = {}
+        self._side_store: Any = None  # the watchdog thread's client (flag_stuck_start); False: could not connect
 
     # -- connecting -------------------------------------------------------------------------
     def connect(self) -> None:
@@ -158,7 +88,7 @@ class NodeHandshake:
             self._raw = self._host() if self.is_host else self._join()
         else:
             self._raw = None
-            if _is_local(self.host) and port_is_free(self.port):
+            if is_local(self.host) and port_is_free(self.port):
                 try:
                     self._raw, self.is_host = self._host(), True
                 except RuntimeError:  # another node on this machine got the port first
@@ -345,8 +275,36 @@ class NodeHandshake:
         while not self.store.check([key]) and time.monotonic() < deadline:
             time.sleep(POLL_S)
 
+    # -- while the workers run (the watchdog's thread) ----------------------------------------
+    def flag_stuck_start(self, node: int) -> None:
+        """Tell every node that a rank here has waited in init_process_group past watchdog.start_timeout_s:
+        their ranks that never started are part of that stuck start, wherever they are. Never raises."""
+        with contextlib.suppress(RuntimeError, TimeoutError, ValueError):
+            self._side().set(STUCK_START, self._dump(STUCK_START, json.dumps({"node": node})))
+
+    def stuck_start_flagged(self) -> bool:
+        """Whether some node has flagged a stuck start (a value not signed with this job's secret is no flag)."""
+        try:
+            side = self._side()
+            return bool(side.check([STUCK_START])) and bool(self._load_json(STUCK_START, side.get(STUCK_START)))
+        except (RuntimeError, TimeoutError, ValueError, RendezvousAuthError):
+            return False
+
+    def _side(self) -> Any:
+        """A second client of the store, the watchdog thread's own: the main thread's stays free for its calls.
+        One try to connect: a store gone by then (the host node stopped) is not asked again."""
+        if self._side_store is None:
+            from torch.distributed import PrefixStore, TCPStore
+
+            self._side_store = False
+            raw = TCPStore(self.host, self.port, is_master=False, timeout=datetime.timedelta(seconds=SIDE_TIMEOUT_S))
+            self._side_store = PrefixStore(f"launcher/{self.plan.rdzv_id}/", raw)
+        if self._side_store is False:
+            raise RuntimeError("no connection to the handshake store")
+        return self._side_store
+
     def close(self) -> None:
-        self.store = self._raw = None
+        self.store = self._raw = self._side_store = None
 
     # -- signed values ----------------------------------------------------------------------
     def _dump(self, name: str, text: str) -> bytes:

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 from launcher import interrupts
 from launcher.agent.launch import first_result, run_node
 from launcher.agent.processes import result_file
-from launcher.backends.handshake import choose_interface
+from launcher.backends.addresses import choose_interface
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, LauncherError, WorkerFailedError
 from launcher.plan import LaunchPlan
@@ -48,8 +48,10 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
         interrupts.release()  # the run directory is whole: a Ctrl-C held until now is recorded below
         results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
     except LauncherError as e:
-        finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started, error=str(e),
-                  restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
+        summary = finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started,
+                            error=str(e), restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
+        if summary.get("status") == "hung" and summary.get("error") not in (None, str(e)):
+            raise HangError(summary["error"]) from None  # the head's verdict joins the other nodes' hangs
         raise
     except BaseException as e:  # KeyboardInterrupt, or torch's SignalException (the agent's handlers)
         signum = getattr(e, "sigval", signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)

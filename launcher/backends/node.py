@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.agent.launch import first_result, run_node
+from launcher.agent.watchdog import StartPeers, nodes_verdict
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.agent.zygote import Zygote, die_with_parent
 from launcher.backends import local
-from launcher.backends.handshake import (NodeHandshake, choose_interface, describe_nodes, require_free_port,
-                                        resolve_or_fail)
+from launcher.backends.addresses import choose_interface, require_free_port, resolve_or_fail
+from launcher.backends.handshake import NodeHandshake, describe_nodes
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict
 from launcher.errors import LauncherError
@@ -57,7 +58,9 @@ class NodeSession:
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
         self.meet()
         local_addr = choose_interface(self.handshake.host, self.handshake.port)
-        results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key)
+        node = plan.node_rank or 0
+        peers = StartPeers(flag=lambda: self.handshake.flag_stuck_start(node), flagged=self.handshake.stuck_start_flagged)
+        results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key, peers=peers)
         holds_rank0 = first_result(results) is not None
         self.node_list = self.handshake.exchange_placement(plan.nodes, holds_rank0)
         return results, restarts
@@ -107,12 +110,11 @@ class NodeSession:
             self.handshake.publish_end(node, status, error)
             return status, error
         wait_s = HANG_PEERS_S if status == "hung" else OTHERS_END_S
-        hangs = [f"node {k}: {end['error']}" for k, end in sorted(self.handshake.ends(self.plan.nodes, node, wait_s).items())
-                 if end.get("status") == "hung"]
+        hangs = {k: str(end["error"]) for k, end in self.handshake.ends(self.plan.nodes, node, wait_s).items()
+                 if end.get("status") == "hung"}
         if not hangs:
             return status, error
-        log.error("other nodes: " + " | ".join(hangs))
-        return "hung", " | ".join([f"node {node}: {error}", *hangs])
+        return "hung", nodes_verdict({node: str(error), **hangs})
 
 
 def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher import interrupts
-from launcher.backends.handshake import free_port
+from launcher.agent.watchdog import nodes_verdict
+from launcher.backends.addresses import free_port
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
@@ -211,6 +212,6 @@ def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
 
 def _hangs(run_dir: Path, nodes: int) -> Optional[str]:
     """Every node's hang verdict, node by node: 'node 0: hang: ... | node 1: hang: ...' (None if no node hung)."""
-    found = [f"node {k}: {_node_record(run_dir, k).get('error')}" for k in range(nodes)
-             if _node_record(run_dir, k).get("status") == "hung"]
-    return " | ".join(found) or None
+    found = {k: str(_node_record(run_dir, k).get("error")) for k in range(nodes)
+             if _node_record(run_dir, k).get("status") == "hung"}
+    return nodes_verdict(found) or None

@@ -1,0 +1,89 @@
+"""Which address, port and interface a node uses: names that resolve, ports that are free, the
+interface that reaches the other nodes. With launcher.backends.handshake, the one place that opens
+the launcher's own sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Optional, Tuple
+
+from launcher.errors import ConfigError
+
+log = logging.getLogger("launcher")
+
+
+def resolve_or_fail(host: str, flag: str) -> None:
+    """A host name that does not resolve is a one-line error before anything starts."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"{flag} {host} does not resolve ({e.args[-1] if e.args else e}): "
+                          "check the spelling, or give node 0's IP address") from e
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel just handed out, for nodes simulated on this machine to meet on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT is no conflict
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def interface_towards(host: str, port: int) -> Optional[Tuple[str, str]]:
+    """(interface name, local address) this machine would use to reach host, or None if unknown.
+
+    gloo otherwise binds to whatever the machine's host name resolves to, often 127.0.1.1 on
+    Debian, and other machines then cannot reach it. A UDP connect sends nothing.
+    """
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name, local
+    return None
+
+
+def choose_interface(host: str, port: int) -> Optional[str]:
+    """Workers talk over the interface that reaches host (loopback for a job on this machine alone),
+    unless the user chose one; returns this machine's address on it (None: unknown)."""
+    found = interface_towards(host, port)
+    if found is None:
+        return None
+    name, address = found
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+        say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
+        say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
+    return address
+
+
+def require_free_port(port: int) -> None:
+    """Node 0 hosts the rendezvous: a port something else holds is a usage error, named before it starts."""
+    if not port_is_free(port):
+        raise ConfigError(f"port {port} is already in use on this machine (node 0): pick another --master-port "
+                          f"for every node, or stop what holds it (`ss -ltnp 'sport = :{port}'`)")
+
+
+def is_local(host: str) -> bool:
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(host))
