@@ -30,6 +30,24 @@ def test_one_timeline_splits_into_causes_that_add_up():
     assert hung["hang"] == pytest.approx(21.0) and hung["failure_detection"] == 0.0
 
 
+def test_an_attempts_start_splits_into_phases_that_add_up():
+    marks = {"launch": 22.0, "process_group": 22.5, "build": 23.0, "reload": 24.0}
+    attempts = {
+        0: {"first_step_at": 10.0, "active_until": 20.0, "block_s": 0.0, "marks": {"launch": 8.0, "process_group": 9.0}},
+        1: {"first_step_at": 25.0, "active_until": 40.0, "block_s": 0.0, "marks": marks},
+    }
+    phases = {"startup": {}, "restart": {}}
+    seconds = account(0.0, 41.0, attempts, {0: {"detected_at": 21.0}}, "completed", phases)
+    assert phases["restart"] == pytest.approx({"launch": 1.0, "process_group": 0.5, "build": 0.5, "reload": 1.0,
+                                               "first_step": 1.0})
+    assert sum(phases["restart"].values()) == pytest.approx(seconds["restart"])
+    # missing marks merge into the next phase; a mark out of order is clamped, never negative
+    assert phases["startup"] == pytest.approx({"launch": 8.0, "process_group": 1.0, "first_step": 1.0})
+    odd = {"startup": {}, "restart": {}}
+    account(0.0, 41.0, {0: {**attempts[0], "marks": {"launch": 12.0, "build": 3.0}}}, {}, "completed", odd)
+    assert odd["startup"] == pytest.approx({"launch": 10.0, "build": 0.0, "first_step": 0.0})
+
+
 def assert_adds_up(figures, wall):
     total = figures["goodput_s"] + sum(figures["badput_s"].values())
     assert abs(total - wall) <= 0.01 * wall, (total, wall, figures)
@@ -52,6 +70,10 @@ def test_a_restarted_job_accounts_for_every_second(tmp_path):
     assert lost["hang"] == 0 and 0 < summary["goodput"] < 1
     # the job's first step, not the restarted attempt's: start-up up to it is all start-up badput
     assert summary["time_to_first_step_s"] == pytest.approx(lost["startup"], abs=0.5)
+    for cause in ("startup", "restart"):  # where each start went, by phase, adds up to the cause
+        split = summary["badput_phases_s"][cause]
+        assert sum(split.values()) == pytest.approx(lost[cause], abs=2e-3), (cause, split, lost)
+        assert all(split[phase] > 0 for phase in ("launch", "process_group", "build", "reload", "first_step")), split
     assert f"goodput {summary['goodput']:.0%}" in result.stderr.strip().splitlines()[-1]
     last = read_metrics(run_dir)[-1]
     assert last["step"] == 40 and last["badput_s"]["restart"] == lost["restart"]

@@ -18,6 +18,10 @@ from trainers.diskspace import disk_full, full_while_writing
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
 CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "recompute", "hang", "shutdown")
+# What an attempt does before its first step, each phase ending at the mark of its name (GoodputClock.mark):
+# up to the worker's code running (launcher, rendezvous, fork; re-rendezvous and re-fork on a restart), its
+# process group, building model, data and optimizer, loading the newest checkpoint, then the first step's start.
+PHASES = ("launch", "process_group", "build", "reload", "first_step")
 DIR = "goodput"
 RECORD_BYTES = 1024  # a record is rewritten in place, padded to this size: one pwrite per step, no rename
 
@@ -43,10 +47,15 @@ class GoodputClock:
         self.start_step = 0
         self.block_s = 0.0  # seconds the loop waited for checkpoint saves
         self.kept: Optional[Dict[str, float]] = None  # {step, at, block_s} of the newest published checkpoint
+        self.marks: Dict[str, float] = {}  # {phase: when it ended} before the first step (PHASES)
         if rank == 0 and run_dir and started is not None:
             path = Path(run_dir) / DIR / f"{launch_key(started)}-attempt-{attempt}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd, self._path = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path
+
+    def mark(self, phase: str, at: Optional[float] = None) -> None:
+        """Phase `phase` (one of PHASES) of this attempt's start ended at `at` (now)."""
+        self.marks[phase] = time.time() if at is None else at
 
     def resumed_at(self, step: int) -> None:
         self.start_step = self.step = step
@@ -81,7 +90,7 @@ class GoodputClock:
 
     def record(self) -> Dict[str, Any]:
         return {"first_step_at": self.first_step_at, "active_until": self.active_until, "start_step": self.start_step,
-                "step": self.step, "block_s": self.block_s, "kept": self.kept}
+                "step": self.step, "block_s": self.block_s, "kept": self.kept, "marks": self.marks}
 
     def _write(self) -> None:
         if self._fd is None:
@@ -139,7 +148,7 @@ def _attempts(run_dir: Path, key: str, kind: str) -> Dict[int, Dict[str, Any]]:
 
 
 def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], failures: Dict[int, Dict[str, Any]],
-            status: str) -> Dict[str, float]:
+            status: str, phases: Optional[Dict[str, Dict[str, float]]] = None) -> Dict[str, float]:
     """Seconds of one launch by cause, plus "good": they add up to ended - started by construction.
 
     One cursor walks the timeline: before an attempt's first step is start-up (no step yet) or restart;
@@ -147,6 +156,7 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
     lost, done again); from its last step to the agent seeing it fail is failure detection (hang where the
     job hung), and an attempt that failed before any step lost its whole start (restart, or start-up
     before the job's first step); after the last attempt is shutdown (hang for a hung job).
+    phases: {"startup": {...}, "restart": {...}} to add the start of each attempt that stepped to, by PHASES.
     """
     seconds = {cause: 0.0 for cause in CAUSES}
     seconds["good"] = 0.0
@@ -158,6 +168,8 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
         ran = first is not None and until is not None and first >= cursor
         if ran:
             seconds["restart" if stepped else "startup"] += first - cursor
+            if phases is not None:
+                _split(phases["restart" if stepped else "startup"], cursor, first, record.get("marks") or {})
             stepped = True
             loop = until - first
             block = float(record.get("block_s", 0.0))
@@ -184,6 +196,19 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
     return seconds
 
 
+def _split(into: Dict[str, float], begin: float, first: float, marks: Dict[str, Any]) -> None:
+    """Add begin..first (an attempt's start) to `into` by phase: each runs to its mark (clamped in order);
+    the last, first_step, to the first step. A phase whose mark is missing merges into the next."""
+    at = begin
+    for phase in PHASES:
+        end = first if phase == PHASES[-1] else marks.get(phase)
+        if end is None:
+            continue
+        end = min(max(float(end), at), first)
+        into[phase] = into.get(phase, 0.0) + end - at
+        at = end
+
+
 def previous_totals(run_dir: Path, started: float) -> Optional[Dict[str, Any]]:
     """The goodput figures of the launches before this one in the same run directory (resume, requeue)."""
     path = run_dir / "summary.json"
@@ -204,7 +229,8 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: st
         return {}
     path = Path(run_dir)
     key = launch_key(started)
-    seconds = account(started, ended, _attempts(path, key, "attempt"), _attempts(path, key, "failure"), status)
+    phases: Dict[str, Dict[str, float]] = {"startup": {}, "restart": {}}
+    seconds = account(started, ended, _attempts(path, key, "attempt"), _attempts(path, key, "failure"), status, phases)
     wall, launches = ended - started, 1
     previous = previous_totals(path, started)
     if previous is not None:
@@ -213,10 +239,16 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: st
         seconds["good"] += float(previous.get("goodput_s") or 0.0)
         for cause in CAUSES:
             seconds[cause] += float(previous["badput_s"].get(cause) or 0.0)
+        for cause, split in (previous.get("badput_phases_s") or {}).items():
+            for phase, s in (split if cause in phases and isinstance(split, dict) else {}).items():
+                phases[cause][phase] = phases[cause].get(phase, 0.0) + float(s or 0.0)
+    for cause, split in phases.items():  # what no phase holds: attempts that died before their first step
+        split["other"] = max(0.0, seconds[cause] - sum(v for k, v in split.items() if k != "other"))
     return {
         "goodput": seconds["good"] / wall if wall > 0 else None,
         "goodput_s": round(seconds["good"], 4),
         "badput_s": {cause: round(seconds[cause], 4) for cause in CAUSES},
+        "badput_phases_s": {cause: {k: round(v, 4) for k, v in split.items()} for cause, split in phases.items()},
         "goodput_wall_s": round(wall, 4),
         "goodput_launches": launches,
     }

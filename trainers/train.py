@@ -47,13 +47,15 @@ WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step cos
 
 def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     """Train cfg.model with cfg.trainer.strategy; rank 0's result carries the job-wide figures."""
+    marks = {"launch": time.time()}  # the attempt's start, by phase (trainers.goodput.PHASES)
     env = DistEnv.from_environ()
     STOP.install(grace_s=cfg.checkpoint.grace_s)  # Ctrl-C/SIGTERM: checkpoint at the next step boundary
     set_threads()
     device = pick_device(env)
     backend = init_process_group(env, device, process_group_timeout(cfg.watchdog.timeout_s))
+    marks["process_group"] = time.time()
     try:
-        result = _train(cfg, run_dir, env, device, backend)
+        result = _train(cfg, run_dir, env, device, backend, marks)
     except torch.OutOfMemoryError as e:  # outside the loop (model, auto batch); the loop names its step
         raise OutOfMemory(oom_message(env.rank, device, None, cfg)) from e
     # Only on success: a failing rank must not close its connections before its error is recorded,
@@ -103,15 +105,16 @@ class _LoopState:
     in_flight: Optional[Tuple[Gathered, Dict[str, Any]]] = None  # a log step's record awaiting its rows
 
 
-def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str) -> Dict[str, Any]:
+def _train(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str,
+           marks: Dict[str, float]) -> Dict[str, Any]:
     """Set up, train, finish: every rank runs the three in lockstep, as each holds collectives."""
-    run = _set_up(cfg, run_dir, env, device)
+    run = _set_up(cfg, run_dir, env, device, marks)
     _announce(cfg, run_dir, env, device, backend, run)
     state = _loop(cfg, env, device, run)
     return _finish(cfg, env, device, backend, run, state)
 
 
-def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device) -> _Run:
+def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, marks: Dict[str, float]) -> _Run:
     """Model, data, optimizer and metrics, resumed from the newest checkpoint if there is one."""
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = STRATEGIES[cfg.trainer.strategy](prepare_model(build_model(cfg.model), cfg.trainer), device, cfg)
@@ -124,8 +127,12 @@ def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device
                                    **loader_settings(cfg, device, env.rank))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     clock = GoodputClock(run_dir, _launch_started(), env.restart_count, env.rank)
+    for phase, at in marks.items():
+        clock.mark(phase, at)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer, clock)
+    clock.mark("build")
     start = checkpointer.resume(len(loader))
+    clock.mark("reload")
     clock.resumed_at(start.step)
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
     comm = attach_comm_timer(model, env.world_size) if cfg.metrics.detailed else None
