@@ -9,6 +9,7 @@ status/logs/cancel. The conformance suite (tests/test_backend_contract.py) runs 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from tests.helpers import QUICK, REPO, free_port, read_summary, run_launcher
 from tests.ray_cluster import ray_cluster, ray_env
+from tests.ray_launches import launch_once, line
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
 TUTORIAL = REPO / "tests" / "scripts" / "ddp_tutorial.py"
@@ -145,3 +147,14 @@ def test_a_submitted_job_is_followed_and_cancelled(ray2, tmp_path):
     assert status.returncode == 130 and "CANCELLED" in status.stdout, status.stdout + status.stderr
     assert read_summary(run_dir)["status"] == "interrupted"
     assert ray2.leftovers() == {"placement_groups": [], "actors": []}
+
+
+ROUNDS = int(os.environ.get("LAUNCHER_STRESS_ROUNDS", "3"))
+
+
+@pytest.mark.timeout(240 + 120 * ROUNDS)
+def test_launches_in_a_row_all_end_and_leave_nothing_on_the_cluster(ray2, tmp_path):
+    """A bounded repetition of bench/ray_stress.py (50 launches there): --wait launches and a cancel."""
+    for k in range(1, ROUNDS + 1):
+        r = launch_once(k, cancel=k % 3 == 2, root=tmp_path, cluster=ray2, timeout=120)
+        assert r["ok"], line(r) + "\n" + r["tail"]
