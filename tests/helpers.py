@@ -65,6 +65,15 @@ def descendants(pid: int) -> List[psutil.Process]:
         return []
 
 
+def command_line(p: psutil.Process) -> str:
+    """p's command line, or "" where it has gone or is a zombie: a short-lived child of the launcher (the `git`
+    it runs to record provenance) can be either between listing the children and reading this."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def worker_processes(pid: int) -> List[psutil.Process]:
     """The launcher's worker processes (and their children): its descendants less the zygote they fork from
     and less the launcher's own helper commands (the `git` it runs to record provenance) with theirs."""

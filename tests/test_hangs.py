@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import descendants, finish_all, free_port, only_run_dir, read_summary, start_launcher, wait_gone
+from tests.helpers import command_line, descendants, finish_all, free_port, only_run_dir, read_summary, start_launcher, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_hang.py"
@@ -24,7 +24,7 @@ def launch(tmp_path, args, script_args):
     workers = []
     while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
         time.sleep(0.1)
-        workers = [p for p in descendants(proc.pid) if "bootstrap.py" in " ".join(p.cmdline() or [])]
+        workers = [p for p in descendants(proc.pid) if "bootstrap.py" in command_line(p)]
     return proc, workers
 
 

@@ -8,8 +8,8 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import (QUICK, descendants, finish_all, free_port, kill_group, only_run_dir, read_summary,
-                           start_launcher, wait_gone)
+from tests.helpers import (QUICK, command_line, descendants, finish_all, free_port, kill_group, only_run_dir,
+                           read_summary, start_launcher, wait_gone)
 
 pytestmark = pytest.mark.timeout(150)
 STEPS = ["trainer.steps=12", "trainer.log_every=4", *QUICK]
@@ -83,7 +83,7 @@ def test_c10d_admits_nodes_with_different_worker_counts(tmp_path):
 
 def node_processes(launcher_pid):
     """The simulated node agents, node 0 first (their command line is `... launcher.backends.node RUN_DIR K PID`)."""
-    nodes = [p for p in psutil.Process(launcher_pid).children() if "launcher.backends.node" in p.cmdline()]
+    nodes = [p for p in psutil.Process(launcher_pid).children() if "launcher.backends.node" in command_line(p).split()]
     return sorted(nodes, key=lambda p: int(p.cmdline()[-2]))
 
 
