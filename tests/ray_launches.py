@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 
 import psutil
 
-from tests.helpers import QUICK, launcher_env
+from tests.helpers import QUICK, command_line, launcher_env
 from tests.ray_cluster import RayDevCluster, ray_env
 
 NOTHING_LEFT = {"placement_groups": [], "actors": []}
@@ -40,14 +40,7 @@ def _launcher(args: List[str], cwd: Path, env: Dict[str, str], timeout: float) -
 
 
 def _processes_naming(run_dir: Path) -> List[int]:
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if str(run_dir) in " ".join(p.info["cmdline"] or []):
-                found.append(p.pid)
-        except psutil.Error:
-            continue
-    return found
+    return [p.pid for p in psutil.process_iter() if str(run_dir) in command_line(p)]
 
 
 def _status(run_dir: Path) -> str:

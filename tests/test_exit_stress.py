@@ -27,7 +27,7 @@ from typing import List, Optional
 import psutil
 import pytest
 
-from tests.helpers import REPO, descendants, kill_group, launcher_env, wait_gone
+from tests.helpers import REPO, command_line, descendants, kill_group, launcher_env, wait_gone
 
 # A hung launch never finishes at all; a normal one took up to 44 s on this 2-core machine while
 # other test runs shared it, hence a bound of twice that rather than 60 s (a hang that the launcher's
@@ -139,7 +139,7 @@ def launch(shape: Shape, number: int, iteration: int, where: Path) -> Launch:
     # With the suite's subreaper, orphans of the launch re-parent to this process: anything alive
     # below us now (after a moment to exit) was left behind by this launch.
     left = wait_gone(descendants(os.getpid()), timeout=5)
-    leftovers = [f"{p.pid} {' '.join(_cmdline(p))[:100]}" for p in left]
+    leftovers = [f"{p.pid} {command_line(p)[:100]}" for p in left]
     for p in left:
         _kill(p)
     kill_group(proc)
@@ -147,13 +147,6 @@ def launch(shape: Shape, number: int, iteration: int, where: Path) -> Launch:
     summaries = [json.loads(f.read_text()) for f in runs.glob("*/summary.json")]
     killed = [r for summary in summaries for r in summary.get("ranks_killed_at_exit") or []]
     return Launch(shape, number, iteration, seconds, returncode, missing, lag, leftovers, run_dirs, killed, err)
-
-
-def _cmdline(p: psutil.Process) -> List[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return ["?"]
 
 
 def _kill(p: psutil.Process) -> None:
