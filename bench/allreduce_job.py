@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainers.dist import DistEnv, init_process_group  # noqa: E402
-from trainers.metrics import attach_comm_timer  # noqa: E402
+from launcher.trainers.dist import DistEnv, init_process_group  # noqa: E402
+from launcher.trainers.metrics import attach_comm_timer  # noqa: E402
 
 SIZES_MB = (1, 16)
 

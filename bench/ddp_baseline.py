@@ -16,8 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainers.data import teacher_dataset  # noqa: E402
-from trainers.models import MLP  # noqa: E402
+from launcher.trainers.data import teacher_dataset  # noqa: E402
+from launcher.trainers.models import MLP  # noqa: E402
 
 WARMUP = 3
 

@@ -26,7 +26,7 @@ from launcher.provenance.capture import collect  # noqa: E402
 
 
 def first_step_s(out: Path, run_id: str, gpus: int, capture: bool) -> Dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), WANDB_MODE="disabled", LAUNCHER_ENV_CAPTURE="1" if capture else "0")
+    env = dict(os.environ, WANDB_MODE="disabled", LAUNCHER_ENV_CAPTURE="1" if capture else "0")
     cmd = [sys.executable, "-m", "launcher", "--gpus", str(gpus), "--config", str(REPO / "configs" / "quick.yaml"),
            f"output_dir={out}", f"run_id={run_id}", "wandb.mode=disabled"]
     subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, cwd=REPO)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, out: Path, name: str, extra: List[str], kills:
     cmd = [sys.executable, "-m", "launcher", "--gpus", str(args.workers), f"trainer.steps={args.steps}",
            f"output_dir={out}", f"run_id={name}", "--max-restarts", str(len(kills) + 2), "wandb.mode=disabled",
            f"checkpoint.mtbf_s={args.mtbf}", "trainer.log_every=100", *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = dict(os.environ)
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -44,7 +44,6 @@ KEEP = ("samples_per_s", "tokens_per_s", "step_time_s_median", "mfu_percent", "m
 
 def run(out: Path, model: List[str], batch: int, steps: int, extra: List[str], cpu: bool) -> Dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = [sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={out}", "wandb.mode=disabled",

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from launcher.config.schema import ModelConfig  # noqa: E402
-from trainers.models import build_model  # noqa: E402
+from launcher.trainers.models import build_model  # noqa: E402
 
 BATCH = 32
 

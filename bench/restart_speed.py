@@ -4,7 +4,7 @@ The built-in trainer runs on 2 CPU workers with --max-restarts 1; rank 1 raises 
 (LAUNCHER_INJECT_FAULT), the job restarts and resumes from its newest checkpoint. Each line of the
 job's output is timed as it arrives: failure = the injected fault's line, resumed = the trainer's
 "resumed from" line, first step = the next step line. Rounds alternate ours and torchrun (the same
-trainer under `torchrun -m trainers.train`, its checkpoints in a fresh directory).
+trainer under `torchrun -m launcher.trainers.train`, its checkpoints in a fresh directory).
 
     python bench/restart_speed.py [--rounds 3]
 """
@@ -64,7 +64,7 @@ def main() -> int:
             cmds = {
                 "ours": [sys.executable, "-m", "launcher", "--gpus", "2", "--max-restarts", "1", f"output_dir={tmp}/runs", *COMMON],
                 "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-                             "-m", "trainers.train", f"checkpoint.dir={tmp}/torchrun-{r}", *COMMON],
+                             "-m", "launcher.trainers.train", f"checkpoint.dir={tmp}/torchrun-{r}", *COMMON],
             }
             for name in (("ours", "torchrun") if r % 2 == 0 else ("torchrun", "ours")):
                 _, to_step, code = timed_restart(cmds[name], tmp)

@@ -119,8 +119,8 @@ def bench_meter_in_process(blocks: int, steps: int) -> Dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from trainers.metrics import StepMeter
-    from trainers.models import MLP
+    from launcher.trainers.metrics import StepMeter
+    from launcher.trainers.models import MLP
 
     torch.manual_seed(0)
     model, x, y = MLP(256, 512, 4, 10), torch.randn(32, 256), torch.randint(0, 10, (32,))

@@ -25,7 +25,7 @@ STEPS = 20
 
 
 def _env(extra: Dict[str, str]) -> Dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), WANDB_MODE="disabled", BENCH_STEPS=str(STEPS))
+    env = dict(os.environ, WANDB_MODE="disabled", BENCH_STEPS=str(STEPS))
     env.update(extra)
     return env
 
@@ -39,7 +39,7 @@ def command(launcher: str, workload: str, workers: int, out: str) -> List[str]:
         head = [sys.executable, "-m", "launcher", "--gpus", str(workers), f"output_dir={out}", "wandb.mode=disabled"]
         return head + ([f"trainer.steps={STEPS}"] if workload == "builtin" else [str(SCRIPT)])
     if workload == "builtin":
-        return _torchrun(workers) + ["-m", "trainers.train", f"trainer.steps={STEPS}", "wandb.mode=disabled"]
+        return _torchrun(workers) + ["-m", "launcher.trainers.train", f"trainer.steps={STEPS}", "wandb.mode=disabled"]
     return _torchrun(workers) + [str(SCRIPT)]
 
 

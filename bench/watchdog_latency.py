@@ -27,7 +27,7 @@ QUICK = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_si
 def hang_latency(timeout_s: float) -> float:
     """Seconds from the hang to the launcher's exit, for one job."""
     with tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, PYTHONPATH=str(REPO), LAUNCHER_TEST_HANG_RANK="1", LAUNCHER_TEST_HANG_STEP="5")
+        env = dict(os.environ, LAUNCHER_TEST_HANG_RANK="1", LAUNCHER_TEST_HANG_STEP="5")
         cmd = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={out}", f"watchdog.timeout_s={timeout_s}",
                "trainer.steps=100000", *QUICK]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -44,7 +44,7 @@ def hang_latency(timeout_s: float) -> float:
 
 def samples_per_s(watchdog_s: float) -> float:
     with tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(os.environ)
         cmd = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={out}", f"watchdog.timeout_s={watchdog_s}",
                "trainer.steps=400", *QUICK]
         subprocess.run(cmd, env=env, check=True, capture_output=True)

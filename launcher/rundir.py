@@ -21,7 +21,7 @@ from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan
 from launcher.provenance import capture
-from trainers.goodput import format_goodput, job_goodput
+from launcher.trainers.goodput import format_goodput, job_goodput
 
 SUMMARY_KEYS = (
     "run_id", "status", "world_size", "nodes", "gpus_per_node", "backend", "device_type", "strategy",

@@ -20,7 +20,6 @@ QUICK = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_si
 
 def launcher_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "SLURM_"))}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["WANDB_MODE"] = env.get("WANDB_MODE", "offline")
     env.update(extra or {})
     return env

@@ -19,6 +19,9 @@ from typing import Iterator, Union
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("launcher", "trainers", "cluster")
+# The name each folder installs as (setup.cfg's package_dir): only `launcher` is a top-level name.
+INSTALLED_AS = {"launcher": "launcher", "trainers": "launcher.trainers", "cluster": "launcher.cluster"}
+TRAINERS = INSTALLED_AS["trainers"]
 # The only part of launcher/ that a training script may know (the torchrun-style environment
 # contract); everything else in launcher/ is the launcher's own business.
 TRAINER_CONTRACT = "launcher.runtime"
@@ -64,15 +67,16 @@ class ProjectImports:
 
 
 def find_modules(root: Path) -> dict[str, Path]:
-    """Dotted name -> file of every module in the project's packages. A package is named after
-    its __init__.py, so that `import pkg` and `from pkg import name` land on the same node."""
+    """Dotted name (as installed: trainers/train.py is launcher.trainers.train) -> file of every module
+    in the project's packages. A package is named after its __init__.py, so that `import pkg` and
+    `from pkg import name` land on the same node."""
     modules = {}
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+            parts = path.relative_to(root / package).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            modules[".".join(parts)] = path
+            modules[".".join((INSTALLED_AS[package], *parts))] = path
     return modules
 
 
@@ -360,11 +364,13 @@ def private_imports(root: Path) -> list[str]:
                    for use in scan_project(root).private_uses})
 
 
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def outside_trainer_contract(module: str) -> bool:
-    """launcher and launcher.* other than launcher.runtime(.*)."""
-    inside_launcher = module == "launcher" or module.startswith("launcher.")
-    in_contract = module == TRAINER_CONTRACT or module.startswith(TRAINER_CONTRACT + ".")
-    return inside_launcher and not in_contract
+    """launcher and launcher.* other than launcher.runtime(.*) and the trainers themselves."""
+    return within(module, "launcher") and not within(module, TRAINER_CONTRACT) and not within(module, TRAINERS)
 
 
 def trainer_imports_outside_contract(root: Path) -> list[str]:
@@ -372,7 +378,7 @@ def trainer_imports_outside_contract(root: Path) -> list[str]:
     contract. The implied launcher/__init__ of `import launcher.runtime` is allowed."""
     return sorted({f"{edge.source} imports {edge.target} (line {edge.line})"
                    for edge in scan_project(root).edges
-                   if edge.source.split(".")[0] == "trainers" and not edge.implied
+                   if within(edge.source, TRAINERS) and not edge.implied
                    and outside_trainer_contract(edge.target)})
 
 

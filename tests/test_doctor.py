@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.helpers import launcher_env
-from trainers.allreduce_bench import bus_factor, message_sizes
+from launcher.trainers.allreduce_bench import bus_factor, message_sizes
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -60,7 +60,7 @@ def test_batch_size_auto_is_accepted_and_numbers_stay_numbers():
 
 
 def test_find_batch_size_takes_the_largest_that_fits():
-    from trainers.memory import find_batch_size
+    from launcher.trainers.memory import find_batch_size
 
     need = lambda b: 1000 + 100 * b  # noqa: E731  (pure search logic: any monotone cost will do)
     found = find_batch_size(need, cap_bytes=1000 + 100 * 37, largest=512)
@@ -71,7 +71,7 @@ def test_find_batch_size_takes_the_largest_that_fits():
 
 
 def test_clip_grad_norm_matches_torch_on_one_process():
-    from trainers.stepping import clip_grad_norm
+    from launcher.trainers.stepping import clip_grad_norm
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
@@ -87,8 +87,8 @@ def test_clip_grad_norm_matches_torch_on_one_process():
 
 
 def test_activation_checkpointing_keeps_parameter_names_and_outputs():
-    from trainers.models import GPT
-    from trainers.transforms import apply_activation_checkpointing
+    from launcher.trainers.models import GPT
+    from launcher.trainers.transforms import apply_activation_checkpointing
 
     torch.manual_seed(0)
     plain = GPT(32, 32, 2, 4, 8)

@@ -52,7 +52,7 @@ def test_launcher_is_not_one_flat_folder():
 def test_the_scan_sees_the_project():
     """Guards the rules above against passing vacuously on a tree they cannot find."""
     project = scan_project(PROJECT_ROOT)
-    assert {"launcher", "launcher.cli", "trainers.train", "launcher.backends.slurm.environment"} <= set(project.modules)
+    assert {"launcher", "launcher.cli", "launcher.trainers.train", "launcher.backends.slurm.environment"} <= set(project.modules)
     assert any(edge.source == "launcher.cli" for edge in project.edges)
 
 
@@ -81,12 +81,12 @@ FAILING_TREES: list[tuple[str, RuleCheck, dict[str, str], str]] = [
      "launcher.a -> launcher.b -> launcher.a"),
     ("cycle via relative imports", import_cycles,
      {"trainers/a.py": "from .b import x\n", "trainers/b.py": "from . import a\n"},
-     "trainers.a -> trainers.b -> trainers.a"),
+     "launcher.trainers.a -> launcher.trainers.b -> launcher.trainers.a"),
     ("cycle via a parent package's __init__", import_cycles,
-     {"launcher/__init__.py": "from cluster import env\n",
-      "cluster/env.py": "from launcher.runtime.contract import RANK\n",
-      "launcher/runtime/__init__.py": "", "launcher/runtime/contract.py": "RANK = 'RANK'\n"},
-     "cluster.env -> launcher -> cluster.env"),
+     {"launcher/runtime/__init__.py": "from launcher.agent.env import RANK\n", "launcher/agent/__init__.py": "",
+      "launcher/agent/env.py": "from launcher.runtime.contract import RANK\n",
+      "launcher/runtime/contract.py": "RANK = 'RANK'\n"},
+     "launcher.agent.env -> launcher.runtime -> launcher.agent.env"),
     ("three-module cycle", import_cycles,
      {"launcher/a.py": "from launcher.b import f\n", "launcher/b.py": "from launcher.c import g\n",
       "launcher/c.py": "import launcher.a\n"},
@@ -102,10 +102,10 @@ FAILING_TREES: list[tuple[str, RuleCheck, dict[str, str], str]] = [
      "launcher.node uses _finish from launcher.run"),
     ("trainers import launcher.config", trainer_imports_outside_contract,
      {"launcher/config.py": "", "trainers/train.py": "def main():\n    from launcher.config import load\n"},
-     "trainers.train imports launcher.config"),
+     "launcher.trainers.train imports launcher.config"),
     ("trainers import the launcher package", trainer_imports_outside_contract,
      {"trainers/train.py": "from launcher import heartbeat\n"},
-     "trainers.train imports launcher (line 1)"),
+     "launcher.trainers.train imports launcher (line 1)"),
     ("401-line module", oversized_modules,
      {"cluster/big.py": "x = 1\n" * 401},
      "cluster/big.py has 401 lines"),

@@ -11,10 +11,10 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from trainers.memory import GIB, agreed, default_cap_bytes, find_batch_size, local_state_bytes, saved_activation_bytes
-from trainers.models import loss_fn
-from trainers.precision import Precision
-from trainers.strategies import data_layout
+from .memory import GIB, agreed, default_cap_bytes, find_batch_size, local_state_bytes, saved_activation_bytes
+from .models import loss_fn
+from .precision import Precision
+from .strategies import data_layout
 
 
 def resolve_auto_batch(model: nn.Module, dataset: Any, cfg: Any, env: Any, device: torch.device,

@@ -33,9 +33,9 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from trainers.checkpoint_files import FORMAT, MANIFEST, file_sha256, latest_valid, list_checkpoints, step_dir
-from trainers.diskspace import DiskFullError, disk_full, free_space, nearly_full
-from trainers.faults import maybe_delay_save
+from .checkpoint_files import FORMAT, MANIFEST, file_sha256, latest_valid, list_checkpoints, step_dir
+from .diskspace import DiskFullError, disk_full, free_space, nearly_full
+from .faults import maybe_delay_save
 
 log = logging.getLogger("launcher.checkpoint")
 

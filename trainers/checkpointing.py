@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from trainers.checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
-from trainers.checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
-from trainers.checkpoint_files import checkpoint_dir
-from trainers.checkpoint_interval import young_daly_steps
-from trainers.goodput import GoodputClock
-from trainers.stop import STOP, StepSignals
+from .checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
+from .checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
+from .checkpoint_files import checkpoint_dir
+from .checkpoint_interval import young_daly_steps
+from .goodput import GoodputClock
+from .stop import STOP, StepSignals
 
 
 PROBE_STEPS = 10  # every_steps=auto: steps timed before the save whose cost sets the interval

@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from launcher.runtime import env
 from launcher.runtime.config import config_record
-from trainers.diskspace import disk_full, full_while_writing
-from trainers.progress import ProgressBar, eta_seconds, format_eta, use_bar
-from trainers.wandb_logger import WandbLogger, wandb_enabled
+from .diskspace import disk_full, full_while_writing
+from .progress import ProgressBar, eta_seconds, format_eta, use_bar
+from .wandb_logger import WandbLogger, wandb_enabled
 
 
 class MetricsLogger(Protocol):

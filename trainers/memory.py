@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainers.footprint import this_process
+from .footprint import this_process
 
 GIB = 1024**3
 ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq, each the size of the parameter

@@ -13,8 +13,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 
-from trainers.footprint import rss_peak_bytes
-from trainers.mfu import FlopCount, mfu_figures
+from .footprint import rss_peak_bytes
+from .mfu import FlopCount, mfu_figures
 
 # Per-rank figures gathered at each log step, in this order (only the loss when not detailed).
 PHASES = ("data", "forward", "backward", "optimizer")

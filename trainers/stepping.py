@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.models import loss_fn
-from trainers.precision import Precision
+from .models import loss_fn
+from .precision import Precision
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.models import CNN, GPT, MLP
-from trainers.pipeline import parallelize_pipeline, pipeline_layout
+from .models import CNN, GPT, MLP
+from .pipeline import parallelize_pipeline, pipeline_layout
 
 
 def parallelize_ddp(model: nn.Module, device: torch.device, cfg: Any) -> nn.Module:

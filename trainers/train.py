@@ -1,7 +1,7 @@
 """The built-in training loop. It knows torchrun's environment contract and the config, nothing else.
 
 Run it under the launcher (the default job) or directly under torchrun:
-    torchrun --nproc-per-node 2 -m trainers.train trainer.steps=50
+    torchrun --nproc-per-node 2 -m launcher.trainers.train trainer.steps=50
 """
 
 from __future__ import annotations
@@ -23,24 +23,24 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from launcher.runtime.beats import heartbeat
 from launcher.runtime.config import read_config
 from launcher.runtime.env import START_TIME
-from trainers.autobatch import activation_bytes, resolve_auto_batch
-from trainers.checkpointing import Checkpointer, Start, open_epoch
-from trainers.data import build_dataset, build_loader, grouped_batches
-from trainers.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
-from trainers.faults import maybe_fail
-from trainers.features_report import FeatureTimes, feature_summary, loader_settings
-from trainers.footprint import PeakMemory, state_bytes
-from trainers.goodput import GoodputClock, first_step_of_launch, job_goodput
-from trainers.inject_hang import maybe_hang
-from trainers.loggers import MetricsLogger, build_loggers, run_dir_from_env
-from trainers.memory import OutOfMemory, memory_stats, oom_message
-from trainers.metrics import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
-from trainers.models import build_model, param_checksum
-from trainers.precision import Precision, resolve_precision
-from trainers.stepping import grad_norm, optimizer_step, settle_gradient_buckets
-from trainers.stop import STOP
-from trainers.strategies import STRATEGIES, DataLayout, data_layout
-from trainers.transforms import prepare_model
+from .autobatch import activation_bytes, resolve_auto_batch
+from .checkpointing import Checkpointer, Start, open_epoch
+from .data import build_dataset, build_loader, grouped_batches
+from .dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
+from .faults import maybe_fail
+from .features_report import FeatureTimes, feature_summary, loader_settings
+from .footprint import PeakMemory, state_bytes
+from .goodput import GoodputClock, first_step_of_launch, job_goodput
+from .inject_hang import maybe_hang
+from .loggers import MetricsLogger, build_loggers, run_dir_from_env
+from .memory import OutOfMemory, memory_stats, oom_message
+from .metrics import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
+from .models import build_model, param_checksum
+from .precision import Precision, resolve_precision
+from .stepping import grad_norm, optimizer_step, settle_gradient_buckets
+from .stop import STOP
+from .strategies import STRATEGIES, DataLayout, data_layout
+from .transforms import prepare_model
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
 

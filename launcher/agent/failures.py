@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from launcher.plan import LaunchPlan
 from launcher.runtime.env import START_TIME
-from trainers.goodput import record_failure
+from launcher.trainers.goodput import record_failure
 
 log = logging.getLogger("launcher")
 

@@ -28,7 +28,7 @@ from launcher.agent.processes import WorkerJob
 from launcher.agent.stores import listening_store
 from launcher.agent.watchdog import StartPeers, run_watched
 from launcher.runtime import env
-from trainers.diskspace import free_space, nearly_full
+from launcher.trainers.diskspace import free_space, nearly_full
 
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it

@@ -22,7 +22,7 @@ from launcher.errors import HangError, LauncherError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
 from launcher.runtime import env
-from trainers.checkpoint_files import checkpoint_dir, list_checkpoints
+from launcher.trainers.checkpoint_files import checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("launcher")
 LOOPBACK_PROBE_PORT = 9  # any port: finding the interface towards an address sends nothing

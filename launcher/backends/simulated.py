@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -21,13 +20,13 @@ from typing import Any, Dict, List, Optional
 from launcher import interrupts
 from launcher.agent.watchdog import nodes_verdict
 from launcher.backends.addresses import free_port
+from launcher.backends.children import launcher_module_command
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, read_json, summary_base
 
 log = logging.getLogger("launcher")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]  # on each node process's PYTHONPATH
 STOP_GRACE_S = 45.0  # a node's agent may wait 30 s for workers stuck in init (FACTS.md) before it kills them
 POLL_S = 0.2
 # After one node caught a hang, the others get this long to catch theirs (their own ranks' stacks, and the
@@ -72,12 +71,9 @@ class NodeSupervisor:
                 signal.signal(s, handler)
 
     def _start(self, k: int) -> subprocess.Popen:
-        env = dict(os.environ)
-        repo = str(PROJECT_ROOT)
-        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher.backends.node", self.plan.run_dir, str(k), str(os.getpid())],
-            stdin=subprocess.PIPE, env=env, text=True, start_new_session=True,  # own group: we decide its stop
+            launcher_module_command("launcher.backends.node", self.plan.run_dir, str(k), str(os.getpid())),
+            stdin=subprocess.PIPE, env=dict(os.environ), text=True, start_new_session=True,  # own group: we decide its stop
         )
         assert proc.stdin is not None
         proc.stdin.write(self.payload)

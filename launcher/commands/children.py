@@ -3,23 +3,15 @@ run, each an ordinary run in its own run directory (a crash or hang in one canno
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
+
+from launcher.backends.children import launcher_module_command
 
 
 def launcher_command(args: List[str]) -> List[str]:
-    """argv of a child launcher: this interpreter, this package."""
-    return [sys.executable, "-m", "launcher", *args]
-
-
-def child_env() -> Dict[str, str]:
-    """The launcher package must be importable from the child whatever its working directory."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    """argv of a child launcher: this interpreter, the installed package (launcher.backends.children)."""
+    return launcher_module_command("launcher", *args)
 
 
 def last_line(path: Path) -> str:

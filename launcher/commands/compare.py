@@ -20,7 +20,7 @@ from launcher.errors import ConfigError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, read_json, write_json
 from launcher.usage import build_parser, config_overrides
-from launcher.commands.children import child_env, last_line, launcher_command
+from launcher.commands.children import last_line, launcher_command
 from launcher.commands.compare_report import print_table, write_reports
 
 ROW_KEYS = ("samples_per_s", "tokens_per_s", "step_time_s_median", "final_loss", "processes", "world_size",
@@ -85,7 +85,7 @@ def run_strategy(strategy: str, config_file: Optional[str], overrides: List[str]
     log_path = compare_dir / "logs" / f"{strategy}.log"
     started = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call(child, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        code = subprocess.call(child, stdout=log, stderr=subprocess.STDOUT)
     summary_path = runs / strategy / "summary.json"
     summary: Dict[str, Any] = read_json(summary_path) if summary_path.is_file() else {}
     row: Dict[str, Any] = {"strategy": strategy, "status": summary.get("status") or "failed", "exit_code": code,

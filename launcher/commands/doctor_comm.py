@@ -1,4 +1,4 @@
-"""`doctor --comm`: an all-reduce bandwidth job (trainers.allreduce_bench) launched like any other run,
+"""`doctor --comm`: an all-reduce bandwidth job (launcher.trainers.allreduce_bench) launched like any other run,
 through the same agent, rendezvous and workers, then its results printed in nccl-tests' style."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from launcher.plan import new_run_id
 from launcher.run import run
 from launcher.usage import config_overrides, parse_args, script_spec, with_error_contract
 
-BENCH_MODULE = "trainers.allreduce_bench"
+BENCH_MODULE = "launcher.trainers.allreduce_bench"
 
 
 def default_workers() -> int:

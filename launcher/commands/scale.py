@@ -29,11 +29,11 @@ from launcher.config.schema import Config, load_config, to_dict
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError, WorkerFailedError
 from launcher.rundir import read_json, write_atomic, write_json
-from launcher.commands.children import child_env, launcher_command
+from launcher.commands.children import launcher_command
 from launcher.commands.scale_report import (COLUMNS, print_table, render_markdown, render_plot, scaling_rows, spread,
                                             throughputs)
 from launcher.usage import OneLineParser
-from trainers.wandb_logger import log_table
+from launcher.trainers.wandb_logger import log_table
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def run_point(point: SweepPoint, args: argparse.Namespace, overrides: List[str],
             f"data.batch_size={point.batch_size}", f"wandb.group={group}", "metrics.progress=lines"]
     print(f"scale: {point.world_size} worker(s) ({point.nodes} node x {point.gpus}), batch {point.batch_size} per worker, "
           f"round {round_} ...", flush=True)
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = sweep_dir / "runs" / run_id
     write_atomic(sweep_dir / "logs" / f"{run_id}.log", done.stdout)
     if done.returncode != 0:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from trainers.models import MLP, loss_fn
+from launcher.trainers.models import MLP, loss_fn
 
 WARMUP_STEPS = 5  # first steps pay for allocation, kernel selection and cuDNN/cuBLAS autotuning
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, AbstractSet, Any, Dict, Iterator, List
 
-from launcher.commands.children import child_env, last_line, launcher_command
+from launcher.commands.children import last_line, launcher_command
 from launcher.commands.sweep_plan import member_argv, write_sweep
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
@@ -126,7 +126,7 @@ def start_member(sweep_dir: Path, member: Dict[str, Any], args: List[str]) -> Ru
     log = open(path, "a", encoding="utf-8")  # a continued member's log goes on after its first attempt's
     try:
         proc = subprocess.Popen(launcher_command(args), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(),
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     except BaseException:
         log.close()

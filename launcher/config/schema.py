@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
+from launcher import configs as shipped_configs
 from launcher.errors import ConfigError
 from launcher.config.inputs import check_finite, check_no_tilde, check_override_value, check_run_id, parse_yaml_mapping
 from launcher.config.rendezvous import validate_rendezvous
@@ -28,7 +29,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_STYLES = ("auto", "bar", "lines")
 CLUSTERS = ("local", "slurm", "ray")
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(shipped_configs.__file__).resolve().parent  # the repository's configs/, installed as launcher.configs
 
 
 @dataclass

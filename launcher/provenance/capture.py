@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from launcher import trainers as shipped_trainers
 from launcher.config.secrets import REDACTED, redact, redact_argv, redact_text
 
 ENV_DIR = "env"
@@ -123,8 +124,8 @@ def installed_packages() -> List[List[str]]:
 
 def script_facts(script: Optional[str], module: bool) -> Dict[str, Any]:
     if script is None:
-        return {"kind": "built-in trainer", "path": str(LAUNCHER_ROOT / "trainers" / "train.py"),
-                "sha256": _sha256(LAUNCHER_ROOT / "trainers" / "train.py")}
+        trainer = Path(shipped_trainers.__file__).resolve().parent / "train.py"
+        return {"kind": "built-in trainer", "path": str(trainer), "sha256": _sha256(trainer)}
     path = _module_file(script) if module else Path(script)
     facts: Dict[str, Any] = {"kind": "module" if module else "script", "name": script}
     if path is not None and path.is_file():

@@ -32,8 +32,6 @@ import socket  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # launcher/worker/ -> root
-
 MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("__"))  # a fresh __main__'s names
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 # launcher.runtime.beats reads these: <run_dir>/heartbeats/rank-K and <run_dir>/stacks/rank-K.txt
@@ -130,13 +128,12 @@ def preload(kind: str) -> None:
     gc.disable()  # import-heavy: the collector would rescan millions of new objects (launcher.warmstart)
     import torch  # noqa: F401
 
-    if kind == "trainer":
-        sys.path.insert(0, PROJECT_ROOT)
+    if kind == "trainer":  # the installed package's, never a folder put on sys.path (a user's trainers.py stays theirs)
         import psutil  # noqa: F401
         import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
         import torch.nn.parallel  # noqa: F401
 
-        import trainers.train  # noqa: F401
+        import launcher.trainers.train  # noqa: F401
         import launcher.worker.trainer  # noqa: F401
     gc.freeze()  # never scanned again; the pages stay shared with the forked workers
     gc.enable()
@@ -205,7 +202,6 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     # their handling of KeyboardInterrupt): a Ctrl-C to the group during this set-up would print this file's
     # traceback. The agent stops a rank that missed it.
     if spec["kind"] == "trainer":
-        sys.path.insert(0, PROJECT_ROOT)
         from launcher.worker.trainer import run_trainer
 
         run_trainer(spec["trainer"], status)  # exits the process itself

@@ -14,9 +14,9 @@ from typing import IO, Any, Dict, NoReturn
 
 from launcher.config.schema import from_dict
 from launcher.runtime import beats
-from trainers.diskspace import DiskFullError
-from trainers.stop import STOP
-from trainers.train import train
+from launcher.trainers.diskspace import DiskFullError
+from launcher.trainers.stop import STOP
+from launcher.trainers.train import train
 
 
 def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:

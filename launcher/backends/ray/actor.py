@@ -11,18 +11,17 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
+from launcher.backends.children import launcher_module_command
 from launcher.runtime import env
 
 
 class NodeRunner:
     """One node of the job. Threaded (max_concurrency=2): stop() is answered while run() waits."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root  # where the launcher package is: the agent imports it from there
+    def __init__(self) -> None:
         self.proc: "subprocess.Popen[bytes] | None" = None
 
     def address(self) -> Tuple[str, int]:
@@ -37,7 +36,6 @@ class NodeRunner:
     def run(self, payload: Dict[str, Any], secret: str, log_path: str, cwd: str) -> int:
         """Run this node's agent to its end; its exit code. The secret reaches it through its environment only."""
         child_env = dict(os.environ)
-        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (self.root, os.environ.get("PYTHONPATH")) if p)
         child_env[env.RDZV_SECRET] = secret
         for name in ("RAY_ADDRESS", "RAY_JOB_ID"):  # the agent is a plain process, not a Ray driver
             child_env.pop(name, None)
@@ -45,7 +43,7 @@ class NodeRunner:
         import json
 
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "launcher.backends.ray.task", str(os.getpid())],
+            self.proc = subprocess.Popen(launcher_module_command("launcher.backends.ray.task", str(os.getpid())),
                                          stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=child_env,
                                          cwd=cwd if os.path.isdir(cwd) else None, start_new_session=True)
             assert self.proc.stdin is not None

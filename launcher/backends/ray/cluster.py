@@ -138,10 +138,3 @@ def remove(ray: Any, group: Optional[Any]) -> None:
         log.warning(f"could not remove Ray placement group {group.id}: {e}")
 
 
-def launcher_root() -> str:
-    """The directory holding the launcher package: workers on other nodes import it from there (a shared path)."""
-    import launcher
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
-
-

@@ -83,12 +83,11 @@ class RayJob:
     def attempt(self, placement: cluster.Placement, attempt: int) -> Attempt:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        root = cluster.launcher_root()
         runner = remote_class(self.ray)
         self.actors = [runner.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=k),
             name=f"{placement.group_name}-node-{k}",  # named: `ray list actors` and tests see whose it is
-            runtime_env={"env_vars": {"PYTHONPATH": root}}).remote(root) for k in range(self.cfg.nodes)]
+            ).remote() for k in range(self.cfg.nodes)]
         master_addr, master_port = self.ray.get(self.actors[0].address.remote(), timeout=self.cfg.ray.placement_timeout_s + 60)
         config = to_dict(self.cfg)
         refs = [a.run.remote({"config": config, "node_rank": k, "master_addr": master_addr, "master_port": master_port,

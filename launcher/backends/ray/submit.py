@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Dict
 
+from launcher.backends.children import launcher_module_command
 from launcher.backends.ray import cluster
 from launcher.backends.ray.records import JOB_FILE, outcome_line, update_job
 from launcher.config.schema import Config, to_dict, to_yaml
@@ -100,10 +101,9 @@ def start_driver(cfg: Config, run_dir: Path) -> int:
     """The detached driver: its own session (a Ctrl-C here does not reach it), the config on its stdin."""
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
-    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (cluster.launcher_root(), os.environ.get("PYTHONPATH")) if p))
     with open(logs / "ray-driver.out", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.backends.ray.job", str(run_dir)], stdin=subprocess.PIPE,
-                                stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+        proc = subprocess.Popen(launcher_module_command("launcher.backends.ray.job", str(run_dir)), stdin=subprocess.PIPE,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(to_dict(cfg)).encode())
     proc.stdin.close()
