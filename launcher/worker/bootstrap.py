@@ -217,11 +217,22 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
 
 
 def fresh_random_state() -> None:
-    """A forked worker would share the zygote's numpy seed with every other rank; torchrun's don't.
+    """Seeds from the OS, as a fresh interpreter's (each of torchrun's workers is one), for every generator a fork shares.
 
-    ``random`` reseeds itself after a fork; numpy's global generator exists only once numpy.random
-    was imported (torch does not import it), and then it is reseeded from the OS, as at its import.
+    A forked worker starts with the zygote's generator states: without this, every rank of a node draws the
+    same ``torch.rand``, dropout masks and shuffles. Each is seeded the way its own import seeds it:
+    - torch's default CPU generator, from the OS (what ``import torch`` does: a non-deterministic seed, so
+      ``torch.initial_seed()`` differs per rank as under torchrun). CUDA's generators are left alone: the zygote
+      never initialises CUDA, so a worker creates them on first use, seeded as in any fresh process;
+    - Python's ``random``, from the OS (it also reseeds itself after a fork, through os.register_at_fork);
+    - NumPy's global generator, from the OS, where numpy.random was imported (torch does not import it).
+    A script that seeds them itself gets exactly its seeds: this runs before its first line.
     """
+    import random
+
+    random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].default_generator.seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
 
@@ -302,7 +313,7 @@ def run_user_code(kind: str, target: str, args: list, error_file: "str | None") 
         else:
             from importlib.machinery import SourceFileLoader
 
-            path = os.path.abspath(target)
+            path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)  # as Python makes __file__: not normalised
             sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
             sys.argv = [target, *args]
             sys.orig_argv = [sys.executable, "-u", target, *args]

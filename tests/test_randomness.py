@@ -1,0 +1,86 @@
+"""Every worker starts with its own random state, as each of torchrun's fresh interpreters does: torch's default
+generator (torch.rand, dropout masks), Python's random and NumPy's global generator all differ between ranks, on
+every start path (forked from the warm zygote, spawned, restarted, on several nodes). A script that seeds them
+gets exactly what it gets under torchrun, bit for bit (and the same unnormalised __file__).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from itertools import combinations
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from tests.helpers import REPO, run_bounded, run_launcher
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPT = REPO / "tests" / "scripts" / "draws.py"
+GENERATORS = ("initial_seed", "torch", "dropout", "random", "numpy")
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def draws(out: Path, ranks: int, attempt: int = 0) -> List[dict]:
+    return [json.loads((out / f"draws-{rank}-attempt-{attempt}.json").read_text()) for rank in range(ranks)]
+
+
+def assert_all_differ(found: List[dict]) -> None:
+    for key in GENERATORS:
+        for a, b in combinations(range(len(found)), 2):
+            assert found[a][key] != found[b][key], f"{key}: ranks {a} and {b} drew the same {found[a][key]}"
+
+
+def ours(tmp_path: Path, launch: List[str], script_args: List[str] = (), expect: int = 0) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(SCRIPT, tmp_path / "draws.py")
+    done = run_launcher([*launch, f"output_dir={tmp_path / 'runs'}", "./draws.py", "--out", str(out), *script_args],
+                        cwd=tmp_path, timeout=200, env=ENV)
+    assert done.returncode == expect, done.stderr[-3000:]
+    return out
+
+
+def torchrun(tmp_path: Path, nproc: int, script_args: List[str] = ()) -> Path:
+    out = tmp_path / "torchrun-out"
+    out.mkdir()
+    shutil.copy(SCRIPT, tmp_path / "draws.py")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "./draws.py",
+            "--out", str(out), *script_args]
+    done = run_bounded(argv, tmp_path, 200, ENV, "torchrun")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+START_PATHS: Dict[str, List[str]] = {
+    "forked from the zygote, 4 workers": ["--gpus", "4"],
+    "spawned, 4 workers": ["--gpus", "4", "launcher.start_method=spawn"],
+    "two nodes of 2": ["--nodes", "2", "--gpus", "2"],
+}
+
+
+@pytest.mark.parametrize("launch", START_PATHS.values(), ids=list(START_PATHS))
+def test_every_rank_draws_its_own_numbers(tmp_path, launch):
+    assert_all_differ(draws(ours(tmp_path, launch), 4))
+
+
+def test_torchruns_workers_draw_their_own_numbers_too(tmp_path):
+    """The baseline the launcher is held to: 4 fresh interpreters."""
+    assert_all_differ(draws(torchrun(tmp_path, 4), 4))
+
+
+def test_a_restarted_attempt_draws_afresh(tmp_path):
+    out = ours(tmp_path, ["--gpus", "2", "--max-restarts", "1"], ["--fail-rank", "1"])
+    first, second = draws(out, 2, attempt=0), draws(out, 2, attempt=1)
+    assert_all_differ(first + second)
+
+
+def test_a_seeded_script_draws_exactly_what_it_draws_under_torchrun(tmp_path):
+    mine = draws(ours(tmp_path, ["--gpus", "2"], ["--seed", "7"]), 2)
+    theirs = draws(torchrun(tmp_path, 2, ["--seed", "7"]), 2)
+    assert mine == theirs  # JSON floats carry every bit of a double; __file__ too
+    assert mine[0]["file"] == f"{tmp_path}/./draws.py"
+    assert mine[0]["initial_seed"] == 7 and mine[0] == mine[1]  # the same seed on every rank, as the script asked
