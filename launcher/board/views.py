@@ -10,6 +10,7 @@ logs/rank-K.log and logs/launcher.log; its status and step target come from the 
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 import time
@@ -17,6 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.agent.ranklog import RankLog, rank_lines
 from launcher.runindex import run_row
 
 SERIES = ("loss", "samples_per_s", "step_time_s")
@@ -146,14 +148,16 @@ def tail_lines(path: Path, count: int) -> List[str]:
 
 
 def log_view(run_dir: Path, rank: Optional[int], count: int, grep: str = "") -> Dict[str, Any]:
-    """One rank's newest lines, or every rank's prefixed with [rank K] (rank None), optionally filtered."""
+    """One rank's newest lines, or every rank's (rank None) in the order they arrived, each with one
+    `[rank<k>]: ` prefix and a progress bar at its last state, as `logs --all` prints them; optionally filtered."""
     ranks = rank_logs(run_dir)
-    chosen = ranks if rank is None else [r for r in ranks if r == rank]
     count = max(1, min(count, MAX_LOG_LINES))
-    lines: List[str] = []
-    for r in chosen:
-        prefix = f"[rank {r}] " if rank is None else ""
-        lines += [prefix + line for line in tail_lines(run_dir / "logs" / f"rank-{r}.log", count)]
+    if rank is None:
+        merged = heapq.merge(*(rank_lines([RankLog(run_dir / "logs" / f"rank-{r}.log", r)], finished=True) for r in ranks),
+                             key=lambda item: (item[0], item[1]))
+        lines = [line.rstrip("\n") for _, _, line in merged]
+    else:
+        lines = tail_lines(run_dir / "logs" / f"rank-{rank}.log", count) if rank in ranks else []
     if grep:
         lines = [line for line in lines if grep in line]
-    return {"ranks": ranks, "rank": rank, "lines": lines[-count:] if rank is not None else lines}
+    return {"ranks": ranks, "rank": rank, "lines": lines[-count:]}
