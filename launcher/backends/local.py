@@ -51,6 +51,8 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
         finally:
             interrupts.recording()  # the agent is done: a signal now waits for the summary (launcher.interrupts)
     except LauncherError as e:
+        if isinstance(e, WorkerFailedError) and e.root_cause:
+            base["root_cause"] = e.root_cause  # what ls, logs and the board lead with
         summary = finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started,
                             error=str(e), restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
         if summary.get("status") == "hung" and summary.get("error") not in (None, str(e)):

@@ -26,6 +26,7 @@ HEATMAP_COLUMNS = 200  # the newest log steps in the heatmap: enough to see a st
 EVENT_LEVELS = re.compile(r" (WARNING|ERROR|CRITICAL) ")
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 MAX_LOG_LINES = 2000
+FAILURE_LOG_LINES = 40  # of a failed rank's log, where it recorded no error file: its traceback is at the end
 
 
 def inside(root: Path, rel: str) -> Optional[Path]:
@@ -129,8 +130,29 @@ def run_view(run_dir: Path) -> Dict[str, Any]:
         "restarts": restarts, "events": events, "ranks": rank_logs(run_dir),
         "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "final_loss", "goodput",
                                                 "time_to_first_step_s", "error")} if summary else None,
+        "failure": failure_view(run_dir, summary, row.get("status")),
         "read_at": time.time(),
     }
+
+
+def failure_view(run_dir: Path, summary: Optional[Dict[str, Any]], status: Any) -> Optional[Dict[str, Any]]:
+    """A failed run's root cause, which the run page leads with: the rank that failed first (summary.json's
+    root_cause, the agent's finding), its error and its traceback (its error file's, else its log's last lines),
+    rather than rank 0's knock-on error."""
+    cause = (summary or {}).get("root_cause") if status == "failed" else None
+    if not isinstance(cause, dict) or not isinstance(cause.get("rank"), int):
+        return None
+    traceback = ""
+    error_file = inside(run_dir, str(cause.get("error_file") or ""))  # both from the run's own summary: kept inside it
+    if cause.get("error_file") and error_file is not None:
+        message = (read_json(error_file) or {}).get("message")
+        info = message.get("extraInfo") if isinstance(message, dict) else None
+        traceback = str(info.get("py_callstack") or "") if isinstance(info, dict) else ""
+    log = inside(run_dir, str(cause.get("log") or ""))
+    if not traceback and cause.get("log") and log is not None:
+        traceback = "\n".join(tail_lines(log, FAILURE_LOG_LINES))
+    return {"rank": cause["rank"], "attempt": cause.get("attempt"), "error": (summary or {}).get("error"),
+            "traceback": traceback.rstrip("\n")}
 
 
 def rank_logs(run_dir: Path) -> List[int]:

@@ -1,7 +1,8 @@
 """`python -m launcher logs RUN [--rank K | --all] [-f] [--grep PATTERN]`: the workers' logs of any run.
 
 A rank's log is logs/rank-<k>.log and, after restarts, logs/rank-<k>.attempt-<n>.log (printed in
-attempt order). `--all` interleaves every rank's lines in
+attempt order). Without --rank, a failed run's is the rank its agent found failed first (summary.json's
+root_cause), whose traceback is the cause; otherwise rank 0's. `--all` interleaves every rank's lines in
 the order they arrived, each with one `[rank<k>]: ` prefix, a print apart from a progress bar and a bar
 at its last state (launcher.agent.ranklog). `-f` follows until the run ends: its launcher's lock is
 released (launcher.runlock), or for a SLURM job, sacct says it ended.
@@ -20,7 +21,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Pattern
 from launcher.agent.ranklog import RankLog, Timed, rank_lines
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
-from launcher.runindex import is_run_dir
+from launcher.runindex import is_run_dir, run_row
 from launcher.runlock import live_holders
 from launcher.usage import OneLineParser, reader_went_away
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
     p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default 0)")
+    which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default: a failed run's rank that failed first, else 0)")
     which.add_argument("--all", action="store_true", help="every rank's lines, interleaved in time order, rank-prefixed")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what the logs gain until the run ends")
     p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
@@ -48,7 +49,7 @@ def main(argv: List[str]) -> int:
     except re.error as e:
         raise ConfigError(f"--grep {args.grep}: not a regular expression ({e}); quote it, or escape special characters with \\") from None
     run_dir = locate_run(args.run, args.output_dir)
-    ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, 0 if args.rank is None else args.rank)]
+    ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, chosen_rank(run_dir, args.rank))]
     logs: Dict[Path, RankLog] = {}  # each file read so far: -f reads on from there
     try:
         show(interleaved(run_dir, ranks, args.all, logs, following=args.follow), pattern)
@@ -57,6 +58,19 @@ def main(argv: List[str]) -> int:
     except BrokenPipeError:
         return reader_went_away()
     return 0
+
+
+def chosen_rank(run_dir: Path, rank: Optional[int]) -> int:
+    """--rank K, else the rank a failed run's agent found failed first (its log holds the root cause, rank 0's
+    only a knock-on error), else rank 0."""
+    if rank is not None:
+        return rank
+    row = run_row(run_dir, time.time())
+    if row.get("failed_rank") is None:
+        return 0
+    print(f"logs: {row['error']}\nlogs: rank {row['failed_rank']}'s log follows, the root cause (--rank K for another "
+          "rank, --all for every rank)", file=sys.stderr)
+    return int(row["failed_rank"])
 
 
 def show(lines: Iterable[Timed], pattern: Optional[Pattern[str]]) -> None:
