@@ -60,3 +60,20 @@ def test_the_root_cause_leads_ls_logs_and_the_board(runs):
     assert "fail_in_allreduce.py" in traceback and "bootstrap.py" not in traceback and "launcher/" not in traceback
 
 
+def test_the_restart_count_is_the_restarts_made_not_the_failure_records(runs):
+    found = rows(runs)
+    for run_id, restarts, failures in (("boom", 0, 1), ("once", 1, 1), ("always", 2, 3)):
+        assert read_summary(runs / run_id)["restarts"] == restarts, run_id
+        assert found[run_id]["restarts"] == restarts, found[run_id]
+        assert len(list((runs / run_id / "goodput").glob("*-failure-*.json"))) == failures, run_id
+    assert found["once"]["status"] == "completed" and found["always"]["status"] == "failed"
+    assert read_summary(runs / "always")["root_cause"]["log"] == "logs/rank-1.attempt-2.log"
+    table = run_launcher(["ls", str(runs)], cwd=runs, timeout=60).stdout.splitlines()
+    column = table[0].index("restarts")
+    assert [line[column:].split()[0] for line in table if line.startswith(("once ", "always "))] == ["1", "2"], table
+    with board(runs) as (url, _):
+        for run_id, restarts, failures in (("once", 1, 1), ("always", 2, 3)):
+            view = get_json(f"{url}/api/run?path={run_id}")
+            assert view["restarts"] == restarts, (run_id, view["restarts"], view["events"])
+            attempts = [e["text"] for e in view["events"] if e["text"].startswith("attempt ")]
+            assert attempts == [f"attempt {a} failed" for a in range(failures)], view["events"]  # each failure, named

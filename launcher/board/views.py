@@ -79,8 +79,12 @@ def _launch_and_attempt(path: Path) -> tuple:
     return (int(launch) if launch.isdigit() else 0, int(attempt) if attempt.isdigit() else 0)
 
 
-def restarts_and_events(run_dir: Path, restarts: int) -> tuple:
-    """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings."""
+def failure_events(run_dir: Path) -> List[Dict[str, Any]]:
+    """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings.
+
+    Not a restart count: a run that fails on its last attempt has one failure record more than restarts,
+    and a resumed run keeps its earlier launches' records; the count is the run index's (summary.json's
+    "restarts", the agent's own count)."""
     events: List[Dict[str, Any]] = []
     failures = sorted((run_dir / "goodput").glob("*-failure-*.json"))
     for path in failures:
@@ -91,7 +95,7 @@ def restarts_and_events(run_dir: Path, restarts: int) -> tuple:
     for line in tail_lines(run_dir / "logs" / "launcher.log", 400):
         if EVENT_LEVELS.search(line):
             events.append({"at": None, "text": line})
-    return max(len(failures), restarts), events[-100:]
+    return events[-100:]
 
 
 def heatmap(metrics: List[Dict[str, Any]], key: str) -> Dict[str, Any]:
@@ -121,13 +125,12 @@ def run_view(run_dir: Path) -> Dict[str, Any]:
     summary = summary if isinstance(summary, dict) else None
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     step = live_step(run_dir)  # rank 0's step now; the row's is the last logged one
-    restarts, events = restarts_and_events(run_dir, int(row.get("restarts") or 0))
     return {
         **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
         "view": "run", "step": step if step is not None else row.get("step"),
         "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
         "step_times": heatmap(metrics, "step_time_s_per_rank"), "memory": memory_per_rank(metrics, summary),
-        "restarts": restarts, "events": events, "ranks": rank_logs(run_dir),
+        "restarts": int(row.get("restarts") or 0), "events": failure_events(run_dir), "ranks": rank_logs(run_dir),
         "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "final_loss", "goodput",
                                                 "time_to_first_step_s", "error")} if summary else None,
         "failure": failure_view(run_dir, summary, row.get("status")),
