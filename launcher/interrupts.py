@@ -79,7 +79,9 @@ def release() -> None:
 def recording() -> None:
     """From now on a stop signal is recorded, for conclude() to raise (see the module's docstring)."""
     _State.mode = "record"
-    _handle_with(_held)
+    late = _handle_with(_held)
+    if _State.pending is None:
+        _State.pending = late
 
 
 def conclude() -> None:

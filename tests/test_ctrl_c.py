@@ -50,3 +50,34 @@ def test_a_second_sigint_while_the_scripts_traceback_is_printed_shows_no_launche
     out, _ = communicate_bounded(proc, 120, "launcher")
     assert "[rank0]: script done" in out and "[rank0]:     raise KeyboardInterrupt" in out, out  # the script's own
     assert not LAUNCHER_FRAME.search(out) and "During handling" not in out, out
+
+
+# After the agent: a signal is recorded (torch's handler, left behind, raised it anywhere), raised once the
+# command has its exit code, and one after that is dropped (the launcher's exit only waits for its zygote).
+AFTER_THE_AGENT = textwrap.dedent("""
+    import os, signal
+    from launcher import interrupts
+    from launcher.errors import Interrupted
+
+    def torch_like(signum, frame):
+        raise RuntimeError("a handler left behind")
+
+    signal.signal(signal.SIGINT, torch_like)
+    interrupts.recording()
+    os.kill(os.getpid(), signal.SIGINT)  # recorded, not raised
+    print("recorded", flush=True)
+    try:
+        interrupts.conclude()
+    except Interrupted as e:
+        print("raised at the end:", e.sigval, flush=True)
+    os.kill(os.getpid(), signal.SIGINT)  # dropped
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("dropped", flush=True)
+""")
+
+
+def test_a_signal_after_the_agent_is_recorded_then_raised_once_then_dropped(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", AFTER_THE_AGENT], cwd=tmp_path, env=launcher_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = communicate_bounded(proc, 60, "python")
+    assert proc.returncode == 0 and out.splitlines() == ["recorded", "raised at the end: 2", "dropped"], out

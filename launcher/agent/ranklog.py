@@ -56,19 +56,20 @@ class RankLog:
     def read(self, finished: bool) -> Iterator[Tuple[float, str]]:
         """(arrival time, line) for every line completed since the last read; finished: nothing more will be
         written, so what is left without a newline is a line too."""
-        if _size(self.path) < self.position:  # a new file of that name (a SLURM requeue moved the old one away)
+        size = _size(self.path)
+        if size < self.position:  # a new file of that name (a SLURM requeue moved the old one away)
             self._start()
-        times = read_times(self.path)
+        times = read_times(self.path)  # after the size: the agent notes a run's time before its bytes
         try:
             f = self.path.open("rb")
         except OSError:
             return
         with f:
             f.seek(self.position)
-            while True:
+            while self.position < size:
                 i = bisect.bisect_right(times.offsets, self.position) - 1
-                ends = times.offsets[i + 1] if i + 1 < len(times.offsets) else None
-                chunk = f.read(min(READ_BYTES, ends - self.position) if ends is not None else READ_BYTES)
+                ends = min(times.offsets[i + 1], size) if i + 1 < len(times.offsets) else size
+                chunk = f.read(min(READ_BYTES, ends - self.position))
                 if not chunk:
                     break
                 self.position += len(chunk)
