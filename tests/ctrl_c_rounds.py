@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-from tests.helpers import REPO, descendants, group_processes, kill_group, launcher_env, wait_gone
+from tests.helpers import REPO, catches, descendants, group_processes, kill_group, launcher_env, wait_gone
 
 SCRIPT = REPO / "tests" / "scripts" / "ctrl_c_train.py"
 # A frame of a launcher file in a traceback: the package's own files, the bootstrap run as a program, or
@@ -50,16 +50,6 @@ class Round:
     leaked: bool  # a launcher frame on the console
     verdict: str  # clean | bug: <why>
     output: str
-
-
-def catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for sig (/proc's SigCgt mask): the launcher's first line has run."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
-    return bool(mask >> (sig - 1) & 1)
 
 
 def rank0_printed(word: str) -> Milestone:

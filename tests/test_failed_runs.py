@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.runindex import list_runs
-from tests.board_helpers import board, get_json
+from tests.board_helpers import board, browser_page, get_json, needs_browser
 from tests.helpers import REPO, read_summary, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -58,6 +58,20 @@ def test_the_root_cause_leads_ls_logs_and_the_board(runs):
     assert traceback.startswith("Traceback (most recent call last):") and traceback.endswith(
         "ValueError: boom on rank 1 at step 5"), traceback
     assert "fail_in_allreduce.py" in traceback and "bootstrap.py" not in traceback and "launcher/" not in traceback
+
+
+@needs_browser
+def test_the_run_page_leads_with_the_root_cause_before_its_charts(runs):
+    with board(runs) as (url, _), browser_page() as page:
+        page.goto(f"{url}/run?path=boom")
+        page.wait_for_selector("#failure-traceback")
+        assert page.inner_text("#failure h3") == "root cause: rank 1 failed first"
+        assert page.inner_text("#failure-traceback").endswith("ValueError: boom on rank 1 at step 5")
+        order = page.evaluate("[...document.querySelectorAll('#failure, .charts')].map(e => e.id || e.className)")
+        assert order == ["failure", "charts"], order
+        page.click("#failure a")
+        page.wait_for_function("(document.querySelector('#log')?.textContent || '').includes('ValueError: boom')")
+        assert page.errors == []
 
 
 def test_the_restart_count_is_the_restarts_made_not_the_failure_records(runs):
