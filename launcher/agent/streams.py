@@ -157,6 +157,7 @@ class OutputRouter(threading.Thread):
     def _emit(self, source: _Source, pieces: List[bytes]) -> None:
         for piece in pieces:
             self._row.show(source.kind, rank_prefixed(source.rank, piece))
+        self._row.write()
 
     def finish(self, timeout: float = DRAIN_S) -> None:
         """Wait (bounded) for the pipes to end, then stop reading and close the log files."""
@@ -194,15 +195,28 @@ class ConsoleRow:
     def __init__(self) -> None:
         self.stream = ""  # the stream of the row a bar left open ("" when none is)
         self.width = 0  # how many characters of it are showing
+        self._queued: List[Tuple[str, List[bytes]]] = []  # (stream, pieces) in order, for write()
 
     def show(self, kind: str, piece: bytes) -> None:
+        """Queue piece for its stream (write() writes the queue: one write per run of one stream's pieces)."""
         if self.width and kind == self.stream:
             piece = _padded(piece, self.width)
         elif self.width:
-            _write(self.stream, b" " * self.width + b"\r")
+            self._queue(self.stream, b" " * self.width + b"\r")
         ends_row = piece.endswith(b"\n")
         self.stream, self.width = ("", 0) if ends_row else (kind, _shown_width(piece))
-        _write(kind, piece)
+        self._queue(kind, piece)
+
+    def _queue(self, kind: str, data: bytes) -> None:
+        if self._queued and self._queued[-1][0] == kind:
+            self._queued[-1][1].append(data)
+        else:
+            self._queued.append((kind, [data]))
+
+    def write(self) -> None:
+        for kind, pieces in self._queued:
+            _write(kind, b"".join(pieces))
+        self._queued = []
 
 
 _ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # colours and cursor moves take no room on the row
