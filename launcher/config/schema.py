@@ -93,6 +93,9 @@ class MetricsConfig:
     detailed: bool = True  # time data/forward/backward/optimizer/communication, memory, CPU; false = throughput only
     straggler_fraction: float = 0.2  # name the slowest rank when its step time exceeds the median by this fraction
     progress: str = "auto"  # rank 0's console: auto (a bar on a terminal, plain lines otherwise) | bar | lines
+    # a user's script: record its optimizer steps, memory and launcher.log() values per rank (one global optimizer
+    # step hook in each worker) into metrics.jsonl, summary.json and W&B; false = none of that
+    scripts: bool = True
 
 
 @dataclass

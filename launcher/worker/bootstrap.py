@@ -34,9 +34,7 @@ import types  # noqa: E402
 
 MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("__"))  # a fresh __main__'s names
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
-# launcher.runtime.beats reads these: <run_dir>/heartbeats/rank-K and <run_dir>/stacks/rank-K.txt
-STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
-BEAT_INTERVAL_S, DONE_AT = 0.5, 1.0  # launcher.runtime.beats: beats at most this often; the mtime of "finished"
+DONE_AT = 1.0  # launcher.runtime.beats: a heartbeat file's mtime once the rank is finished
 MAX_MESSAGE = 1 << 20
 WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
@@ -128,6 +126,8 @@ def preload(kind: str) -> None:
     gc.disable()  # import-heavy: the collector would rescan millions of new objects (launcher.warmstart)
     import torch  # noqa: F401
 
+    progress()  # the heartbeat's and step records' code, shared by every forked worker
+
     if kind == "trainer":  # the installed package's, never a folder put on sys.path (a user's trainers.py stays theirs)
         import psutil  # noqa: F401
         import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
@@ -194,9 +194,10 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     threads = spec["env"].get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))  # read at import, in the zygote: apply it now
-    beat = register_heartbeat(spec.get("heartbeat"))
-    if beat and spec["kind"] != "trainer":  # the built-in trainer beats every step itself
-        watch_optimizer_steps(beat)
+    beat = progress()["register_heartbeat"](spec.get("heartbeat"))
+    watch = None
+    if spec["kind"] != "trainer" and (beat or spec.get("steps")):  # the built-in trainer beats and measures itself
+        watch = progress()["watch_steps"](spec.get("steps"), beat)
     status = os.fdopen(status_fd, "w", buffering=1)
     # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
     # their handling of KeyboardInterrupt): a Ctrl-C to the group during this set-up would print this file's
@@ -206,6 +207,8 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
 
         run_trainer(spec["trainer"], status)  # exits the process itself
     code = run_user_code(spec["kind"], spec["target"], spec["args"], spec.get("error_file"))
+    if watch is not None:
+        watch.close()  # the last window's record
     if beat:
         try:
             os.utime(beat, (DONE_AT, DONE_AT))  # done: a slow exit is no hang for the heartbeat watchdog
@@ -237,60 +240,20 @@ def fresh_random_state() -> None:
         sys.modules["numpy.random"].seed()
 
 
-def register_heartbeat(where: "dict | None") -> "str | None":
-    """Announce this rank to the node's watchdog (launcher.agent.watchdog) and arm the stack dump."""
-    if not where:
-        return None
-    run_dir, rank = where["run_dir"], where["rank"]
-    path = os.path.join(run_dir, "heartbeats", f"rank-{rank}")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    record = {"rank": rank, "local_rank": where["local_rank"], "pid": os.getpid(), "host": socket.gethostname(),
-              "thread": __import__("threading").get_ident()}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(record) + "\n")
-    os.utime(tmp, (0, 0))  # registered, never beat: not judged until the first heartbeat()
-    os.replace(tmp, path)
-    stacks = os.path.join(run_dir, "stacks", f"rank-{rank}.txt")
-    os.makedirs(os.path.dirname(stacks), exist_ok=True)
-    import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
-
-    global _stack_file
-    # kept open: faulthandler writes to its fd. Appending: the agent empties the file before each dump,
-    # and a plain fd would write the next dump at its old offset, after a run of NUL bytes.
-    _stack_file = open(stacks, "a")
-    _stack_file.truncate(0)
-    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
-    return path
+_progress: "dict | None" = None
 
 
-_stack_file = None
-
-
-def watch_optimizer_steps(beat: str) -> "object | None":
-    """Progress without code changes: every optimizer step of any torch.optim optimizer beats, as heartbeat() does.
-
-    A global step post-hook (torch.optim.optimizer.register_optimizer_step_post_hook) that touches the
-    beat file at most every BEAT_INTERVAL_S: a clock read per step otherwise (bench/progress_hook.py).
-    A forked worker has torch from the zygote; a spawned one imports torch.optim here, as the zygote would.
-    """
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-    except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
-        return None
-    last = [0.0]
-    clock, touch = time.monotonic, os.utime
-
-    def optimizer_stepped(optimizer, args, kwargs) -> None:  # noqa: ANN001  (torch's hook signature)
-        now = clock()
-        if now - last[0] >= BEAT_INTERVAL_S:
-            last[0] = now
-            try:
-                touch(beat)
-            except OSError:
-                pass  # the run directory went away: nothing to watch any more
-
-    return register_optimizer_step_post_hook(optimizer_stepped)  # its handle (bench/progress_hook.py removes it)
+def progress() -> dict:
+    """launcher/worker/progress.py (heartbeat, stack dumps, step records) executed into a namespace of its own:
+    nothing of the project enters sys.modules (see its docstring). The zygote loads it once for every worker."""
+    global _progress
+    if _progress is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progress.py")
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec")
+        _progress = {"__name__": "launcher_worker_progress", "__file__": path, "__builtins__": __builtins__}
+        exec(code, _progress)
+    return _progress
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:

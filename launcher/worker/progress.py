@@ -1,0 +1,394 @@
+"""A rank's progress from inside its worker: the watchdog's heartbeat file and stack dump, and a user script's
+steps as its optimizer steps show them (per-rank step records, launcher.log values). Stdlib only.
+
+A worker never imports this file: launcher.worker.bootstrap executes it into a namespace of its own, so a
+script's process holds no module of this project (the launcher imports it as launcher.worker.progress, for the
+paths and the format below). launcher.runtime.beats reads the heartbeat files <run_dir>/heartbeats/rank-<k> and
+stack dumps <run_dir>/stacks/rank-<k>.txt. One StepWatch per script worker is the global optimizer step post hook
+(torch.optim.optimizer.register_optimizer_step_post_hook) that beats for the watchdog and records steps.
+
+Per step it reads a clock, counts and keeps the interval (about a microsecond; bench/script_metrics.py). About
+once a second (FLUSH_S; also at the first step and at the end) it appends one record to
+<run_dir>/steps/rank-<k>.jsonl (its fields: launcher.steps.records), and rank 0 rewrites its attempt's goodput
+record (launcher.trainers.goodput's format).
+
+A step is a step of the first optimizer that steps (a GAN's two optimizers count once per iteration); when that
+optimizer is gone or stops while another steps, the other takes over.
+Samples: the DataLoader the training loop consumes is found in the hook's calling frames (their locals, and their
+`self`'s attributes), and its live iterator as the object that holds its index sampler (gc.get_referrers, a scan of
+the heap: a millisecond in a forked worker, whose zygote froze torch's objects out of the collector's reach, up to
+50 ms in a fresh one; so at the first step, and then at most once a minute). The iterator's own count of batches
+yielded, between two windows, gives batches per step, so gradient accumulation counts right; after its epoch the
+measured ratio carries on. Without a DataLoader in reach (a hand-made loop, an
+IterableDataset that batches itself), samples/s is unknown and the record says why.
+"""
+
+import errno
+import gc
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import types
+import weakref
+
+FORMAT = 1
+STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1  # launcher.runtime.beats
+STEPS_DIR = "steps"
+FLUSH_S = 1.0  # a record at most about this often
+BEAT_INTERVAL_S = 0.5  # launcher.runtime.beats.BEAT_INTERVAL_S
+GOODPUT_DIR, GOODPUT_RECORD_BYTES = "goodput", 1024  # launcher.trainers.goodput.DIR, RECORD_BYTES
+SEARCH_GIVE_UP = 5  # searches in a row that found nothing: stop looking
+RESEARCH_S = 60.0  # once batches per step is known, look for a new iterator at most this often
+CO_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED: a function's frame, whose f_locals is a snapshot
+MB = 1024.0 * 1024.0
+
+
+def register_heartbeat(where: "dict | None") -> "str | None":
+    """Announce this rank to the node's watchdog (launcher.agent.watchdog) and arm the stack dump."""
+    if not where:
+        return None
+    run_dir, rank = where["run_dir"], where["rank"]
+    path = os.path.join(run_dir, "heartbeats", f"rank-{rank}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    record = {"rank": rank, "local_rank": where["local_rank"], "pid": os.getpid(), "host": socket.gethostname(),
+              "thread": __import__("threading").get_ident()}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record) + "\n")
+    os.utime(tmp, (0, 0))  # registered, never beat: not judged until the first heartbeat()
+    os.replace(tmp, path)
+    stacks = os.path.join(run_dir, "stacks", f"rank-{rank}.txt")
+    os.makedirs(os.path.dirname(stacks), exist_ok=True)
+    import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
+
+    global _stack_file
+    # kept open: faulthandler writes to its fd. Appending: the agent empties the file before each dump,
+    # and a plain fd would write the next dump at its old offset, after a run of NUL bytes.
+    _stack_file = open(stacks, "a")
+    _stack_file.truncate(0)
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    return path
+
+
+_stack_file = None
+
+
+def watch_steps(where: "dict | None", beat: "str | None") -> "StepWatch | None":
+    """Steps without code changes: every optimizer step of any torch.optim optimizer beats (as heartbeat() does)
+    and, with `where`, is recorded: one global optimizer step post hook. A forked worker has torch from the zygote;
+    a spawned one imports torch.optim here, as the zygote would. The hook's handle is watch.handle
+    (bench/progress_hook.py removes it)."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
+        return None
+    watch = StepWatch(where, beat, time.time())
+    watch.handle = register_optimizer_step_post_hook(watch)
+    return watch
+
+
+def steps_file(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, STEPS_DIR, f"rank-{rank}.jsonl")
+
+
+def goodput_file(run_dir: str, launch: str, attempt: int) -> str:
+    return os.path.join(run_dir, GOODPUT_DIR, f"{launch}-attempt-{attempt}.json")
+
+
+class StepWatch:
+    """Called by torch after every optimizer step of the process (see the module docstring)."""
+
+    launcher_step_watch = True  # how launcher.runtime.log finds it among torch's global hooks
+
+    def __init__(self, where: "dict | None", beat: "str | None", started_at: float) -> None:
+        self.beat, self.beat_at = beat, 0.0
+        self.where = where
+        self.rank = int(where["rank"]) if where else -1
+        self.started_at = started_at  # wall time the script's code started (the "launch" phase ends there)
+        self.step = self.flushed_step = 0
+        self.primary = None  # weakref to the optimizer whose steps count
+        self.primary_stepped = self.other_stepped = False
+        self.last_at = None  # perf_counter of the last step
+        self.first_at = None  # wall time of the first step
+        self.flushed_at = time.time()
+        self.next_flush = 0.0
+        self.intervals = []
+        self.logged, self.per_rank, self.warned = {}, {}, set()
+        self.fd = None if where else -1
+        self.goodput_fd = None if where and self.rank == 0 and where.get("launch") else -1
+        self.loader = Loader()
+        self.wandb = bool(where and where.get("wandb") and self.rank == 0)
+
+    def __call__(self, optimizer: object, args: object, kwargs: object) -> None:
+        primary = self.primary() if self.primary is not None else None
+        if primary is not optimizer:
+            if primary is not None:
+                self.other_stepped = True
+                return
+            self.primary = weakref.ref(optimizer)
+        self.primary_stepped = True
+        now = time.perf_counter()
+        if self.last_at is None:
+            self.first_at = time.time()
+        else:
+            self.intervals.append(now - self.last_at)
+        self.last_at = now
+        self.step += 1
+        if now >= self.next_flush:
+            self.flush(now)
+        if self.beat and now - self.beat_at >= BEAT_INTERVAL_S:
+            self.beat_at = now
+            try:
+                os.utime(self.beat)
+            except OSError:
+                pass  # the run directory went away: nothing to watch any more
+
+    # ---- launcher.log
+
+    def log(self, values: dict, per_rank: bool) -> None:
+        """launcher.log: values for this step's record (rank 0's, or every rank's with per_rank)."""
+        if self.fd == -1 or (self.rank != 0 and not per_rank):
+            return
+        into = self.per_rank if per_rank else self.logged
+        for key, value in values.items():
+            if isinstance(value, (int, float)) or hasattr(value, "item"):
+                into[str(key)] = value
+            elif key not in self.warned:
+                self.warned.add(key)
+                print(f"launcher.log: {key!r} skipped: only numbers are recorded (it is a {type(value).__name__})",
+                      file=sys.stderr)
+
+    # ---- records
+
+    def flush(self, now: float, final: bool = False) -> None:
+        """Write this window's record (and rank 0's goodput record); start the next window."""
+        self.next_flush = now + FLUSH_S
+        if self.fd == -1:
+            return
+        wall = time.time()
+        record = self.record(wall, final)
+        self.flushed_step, self.flushed_at = self.step, wall
+        if self.wandb:
+            self.into_script_run(record)
+        self.write(record)
+        if self.goodput_fd != -1 and self.first_at is not None:
+            self.write_goodput()
+        if not self.primary_stepped and self.other_stepped:
+            self.primary = None  # its optimizer stopped while another steps: that one counts from now on
+        self.primary_stepped = self.other_stepped = False
+
+    def record(self, wall: float, final: bool) -> dict:
+        where = self.where
+        record = {"v": FORMAT, "rank": self.rank, "attempt": int(where.get("attempt", 0)), "launch": where.get("launch"),
+                  "t": wall, "step": self.step, "steps": self.step - self.flushed_step,
+                  "window_s": wall - self.flushed_at}
+        window, self.intervals = self.intervals, []
+        if window:
+            ordered = sorted(window)
+            record.update(step_time_s=sum(window) / len(window), step_time_s_median=ordered[len(ordered) // 2],
+                          step_time_s_max=ordered[-1])
+        if self.flushed_step == 0 and self.first_at is not None:
+            record["first_step_at"] = self.first_at
+        record.update(memory())
+        record.update(self.loader.window(self.step, record["steps"]))
+        if self.logged:
+            record["logged"], self.logged = plain(self.logged), {}
+        if self.per_rank:
+            record["per_rank"], self.per_rank = plain(self.per_rank), {}
+        if final:
+            record["final"] = True
+        return record
+
+    def write(self, record: dict) -> None:
+        try:
+            if self.fd is None:
+                self.fd = open_for_append(steps_file(self.where["run_dir"], self.rank))
+            os.write(self.fd, (json.dumps(record) + "\n").encode())
+        except (OSError, ValueError) as e:
+            self.stop_writing(e)
+
+    def write_goodput(self) -> None:
+        """launcher.trainers.goodput's attempt record: a script's steps count as kept (it may keep checkpoints of its own)."""
+        at = time.time() if self.last_at is None else self.flushed_at
+        record = {"first_step_at": self.first_at, "active_until": at, "start_step": 0, "step": self.step,
+                  "block_s": 0.0, "kept": {"step": self.step, "at": at, "block_s": 0.0},
+                  "marks": {"launch": self.started_at}}
+        data = json.dumps(record).encode()
+        try:
+            if self.goodput_fd is None:
+                where = self.where
+                self.goodput_fd = open_for_rewrite(goodput_file(where["run_dir"], where["launch"], int(where.get("attempt", 0))))
+            os.pwrite(self.goodput_fd, data.ljust(GOODPUT_RECORD_BYTES), 0)
+        except (OSError, ValueError) as e:
+            self.stop_writing(e)
+
+    def stop_writing(self, e: Exception) -> None:
+        """A full disk (or a vanished run directory) stops the records, never the training; said once."""
+        self.fd = self.goodput_fd = -1
+        why = "its disk is full" if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else str(e)
+        print(f"launcher: step metrics of rank {self.rank} stop here ({why}); training goes on", file=sys.stderr)
+
+    def into_script_run(self, record: dict) -> None:
+        """The script's own W&B run gets the launcher's figures under launcher/ (commit=False: its step axis is its own)."""
+        wandb = sys.modules.get("wandb")
+        run = getattr(wandb, "run", None) if wandb is not None else None
+        if run is None:
+            return
+        record["wandb"] = {"id": str(getattr(run, "id", "")), "project": str(getattr(run, "project", "")),
+                           "name": str(getattr(run, "name", ""))}
+        figures = {f"launcher/{k}": record[k] for k in ("step_time_s", "rss_mb", "cuda_peak_mb") if k in record}
+        if record.get("window_s") and record["steps"]:
+            figures["launcher/steps_per_s"] = record["steps"] / record["window_s"]
+            if record.get("samples") is not None:
+                figures["launcher/samples_per_s"] = record["samples"] / record["window_s"]
+        try:
+            run.log(figures, commit=False)
+        except Exception:  # noqa: BLE001  (wandb raises many types; the script's run is the script's)
+            self.wandb = False
+
+    def close(self) -> None:
+        """The script returned: the last window, marked final."""
+        if self.fd != -1 and (self.step or self.logged or self.per_rank):
+            self.flush(time.perf_counter(), final=True)
+        for fd in (self.fd, self.goodput_fd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self.fd = self.goodput_fd = -1
+
+
+class Loader:
+    """The training loop's DataLoader iterator: batches per optimizer step, and its batch size.
+
+    Batches per step is read off the iterator's own count (``_num_yielded``) between two looks at the same
+    iterator, so gradient accumulation counts right; a window's samples are its steps x that x the batch size.
+    Epochs shorter than a window replace the iterator between looks: the last measured ratio carries on.
+    """
+
+    def __init__(self) -> None:
+        self.ref = None  # weakref to the iterator: holding it would keep its loader workers alive
+        self.yielded = self.at_step = 0  # its count and our step count at the last look
+        self.per_step = None  # batches per optimizer step
+        self.batch_size = None
+        self.misses = 0
+        self.searched_at = float("-inf")
+
+    def window(self, step: int, steps: int) -> dict:
+        """Samples of a window of `steps` steps ending at `step`."""
+        if step == 0:
+            return {}
+        if self.misses >= SEARCH_GIVE_UP:
+            return {"samples": None, "samples_note": "no torch DataLoader iterator in the training loop's frames"}
+        try:
+            self.look(step)
+        except Exception:  # noqa: BLE001  (a search must never fail a training step)
+            self.ref = None
+        if self.per_step is None:
+            self.misses += 1
+            return {"samples": None, "samples_note": "no torch DataLoader iterator in the training loop's frames"}
+        self.misses = 0
+        batches = steps * self.per_step
+        if not self.batch_size:
+            return {"batches": batches, "samples": None,
+                    "samples_note": "the DataLoader has no batch_size (batch_size=None, or a batch_sampler without one)"}
+        return {"batches": batches, "batch_size": self.batch_size, "samples": round(batches * self.batch_size)}
+
+    def look(self, step: int) -> None:
+        it = self.ref() if self.ref is not None else None
+        if it is not None and it._num_yielded != self.yielded:
+            if step > self.at_step:
+                self.per_step = (it._num_yielded - self.yielded) / (step - self.at_step)
+            self.yielded, self.at_step = it._num_yielded, step
+            return
+        now = time.monotonic()
+        if self.per_step is not None and now - self.searched_at < RESEARCH_S:
+            return  # its epoch ended: the ratio carries on; a search (a scan of the heap) is for now and then
+        self.searched_at = now
+        found = self.search()
+        if found is None or found is it:
+            return
+        sampler = getattr(found, "_index_sampler", None)
+        self.batch_size = getattr(sampler, "batch_size", None) if getattr(found, "_auto_collation", False) else None
+        self.ref = weakref.ref(found)
+        if self.per_step is None and found._num_yielded and step:
+            self.per_step = found._num_yielded / step  # the first epoch's iterator, seen at the first steps
+        self.yielded, self.at_step = found._num_yielded, step
+
+    def search(self) -> "object | None":
+        """The iterator of a DataLoader the calling frames hold (a loop's iterator lives on its frame's evaluation stack,
+        out of reach: it is found as the one object holding that DataLoader's index sampler, gc.get_referrers)."""
+        module = sys.modules.get("torch.utils.data.dataloader")
+        iter_type, loader_type = getattr(module, "_BaseDataLoaderIter", None), getattr(module, "DataLoader", None)
+        if iter_type is None or loader_type is None:
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in frame_values(frame):
+                if isinstance(value, iter_type):
+                    return value
+                if isinstance(value, loader_type):
+                    sampler = value._index_sampler
+                    for holder in gc.get_referrers(sampler):
+                        if isinstance(holder, iter_type) and holder._index_sampler is sampler:
+                            return holder
+            frame = frame.f_back
+        return None
+
+
+def frame_values(frame: types.FrameType) -> list:
+    """A frame's local values, and the attributes of its `self`. A function frame's f_locals is a snapshot that the
+    frame keeps: emptied again at once, so it holds no tensor of the script alive (a module's f_locals are its globals)."""
+    values = frame.f_locals
+    found = list(values.values())
+    owner = values.get("self")
+    if owner is not None and hasattr(owner, "__dict__") and not isinstance(owner, type):
+        found += list(vars(owner).values())
+    if frame.f_code.co_flags & CO_OPTIMIZED:
+        values.clear()
+    return found
+
+
+def memory() -> dict:
+    """This process's resident memory and its peak (Linux /proc), and CUDA's when CUDA is in use."""
+    out = {}
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"VmRSS:", b"VmHWM:")):
+                    out["rss_mb" if line.startswith(b"VmRSS") else "rss_peak_mb"] = int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            out["cuda_mb"] = torch.cuda.memory_allocated() / MB
+            out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / MB
+    except Exception:  # noqa: BLE001  (a CUDA error belongs to the script's own next call)
+        pass
+    return out
+
+
+def plain(values: dict) -> dict:
+    """Numbers only (tensors and NumPy scalars through .item(), once a window); non-finite kept as None."""
+    out = {}
+    for key, value in values.items():
+        try:
+            number = value.item() if hasattr(value, "item") else value
+            number = float(number) if isinstance(number, bool) or not isinstance(number, int) else number
+        except Exception:  # noqa: BLE001  (an .item() that fails is the script's business, not the record's)
+            continue
+        out[key] = number if number == number and number not in (float("inf"), float("-inf")) else None
+    return out
+
+
+def open_for_append(path: str) -> int:
+    """Create or append, never through a symlink (a shared output folder: README, Security)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+
+
+def open_for_rewrite(path: str) -> int:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
