@@ -21,9 +21,10 @@ from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan
 from launcher.provenance import capture
-from launcher.steps.records import read_launch
+from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
-from launcher.trainers.goodput import format_goodput, job_goodput, launch_key
+from launcher.trainers.goodput import format_goodput, job_goodput
+from launcher.worker.progress import STEPS_DIR
 
 SUMMARY_KEYS = (
     "run_id", "status", "world_size", "nodes", "gpus_per_node", "backend", "device_type", "strategy",
@@ -49,12 +50,17 @@ def create_run_dir(output_dir: str, run_id: str) -> Path:
 
 
 def archive_rank_logs(run_dir: Path, folder: str) -> Optional[Path]:
-    """Move the earlier attempt's rank logs into logs/<folder>/ so a new attempt's logs start afresh beside them."""
-    logs = run_dir / "logs"
-    old = sorted(logs.glob("rank-*")) if logs.is_dir() else []
+    """Move the earlier launch's rank logs into logs/<folder>/ so a new launch's logs start afresh beside them; a
+    script's step records likewise into steps/<folder>/ (steps/ then holds this launch's, whichever node wrote them)."""
+    archive(run_dir / STEPS_DIR, "rank-*.jsonl", folder)
+    return archive(run_dir / "logs", "rank-*", folder)
+
+
+def archive(where: Path, pattern: str, folder: str) -> Optional[Path]:
+    old = sorted(p for p in where.glob(pattern) if not p.is_symlink()) if where.is_dir() and not where.is_symlink() else []
     if not old:
         return None
-    keep = logs / folder
+    keep = where / folder
     keep.mkdir(exist_ok=True)
     for path in old:
         path.replace(keep / path.name)
@@ -165,7 +171,7 @@ def job_figures(run_dir: Path, base: Dict[str, Any], started: float, ended: floa
         return job_goodput(str(run_dir), started, ended, status)
     if base.get("script") is None:
         return {}
-    records = read_launch(run_dir, launch_key(started))
+    records = read_records(run_dir)
     figures = summary_figures(records, started, MetricsConfig.straggler_fraction)
     if "steps" in figures:
         figures.update(job_goodput(str(run_dir), started, ended, status))

@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
-from launcher.steps.records import StepFiles, parse, read_launch
+from launcher.steps.records import StepFiles, parse, read_records
 from launcher.steps.rows import JobRows, summary_figures, weighted_median
 from launcher.worker.progress import steps_file
 
@@ -83,9 +84,9 @@ def test_the_first_optimizer_counts_and_another_takes_over_when_it_stops(tmp_pat
         watch(a, (), {})
         watch(b, (), {})  # a second optimizer in the same iteration (a GAN's): not a step of its own
     assert watch.step == 3
-    watch.flush(0.0)
+    watch.flush(time.perf_counter())
     watch(b, (), {})
-    watch.flush(0.0)  # a window where only b stepped: b counts from now on
+    watch.flush(time.perf_counter())  # a window where only b stepped: b counts from now on
     watch(b, (), {})
     assert watch.step == 4
     watch.close()
@@ -160,7 +161,7 @@ def test_step_files_are_read_as_they_grow_whole_lines_only_and_never_through_a_s
     secret.write_text(line + "\n")
     os.symlink(secret, folder / "rank-1.jsonl")
     assert StepFiles(tmp_path).new_records() == [parse(line.encode())] * 2  # rank 0's two lines, nothing through the link
-    assert len(read_launch(tmp_path, "1")) == 2 and read_launch(tmp_path, "2") == []
+    assert len(read_records(tmp_path)) == 2
 
 
 # ---- the job's view
@@ -205,3 +206,16 @@ def test_summary_figures_of_a_launch():
     assert math.isclose(figures["step_time_s_per_rank"][1], 0.2) and figures["rss_peak_mb"] == 101.0
     assert summary_figures([], 0.0, 0.2)["metrics_note"].startswith("no optimizer step")
     assert weighted_median([(1.0, 1), (5.0, 10)]) == 5.0
+
+
+def test_a_resumed_or_requeued_run_moves_the_earlier_launchs_records_aside(tmp_path):
+    from launcher.rundir import archive_rank_logs
+
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "steps" / "rank-0.jsonl").write_text(json.dumps(GOOD) + "\n")
+    (tmp_path / "logs" / "rank-0.log").write_text("earlier\n")
+    archive_rank_logs(tmp_path, "before-resume-1")
+    assert read_records(tmp_path) == []  # steps/ holds this launch's records only
+    assert (tmp_path / "steps" / "before-resume-1" / "rank-0.jsonl").is_file()
+    assert (tmp_path / "logs" / "before-resume-1" / "rank-0.log").is_file()

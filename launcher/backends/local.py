@@ -23,7 +23,6 @@ from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
 from launcher.runtime import env
 from launcher.steps.collector import Collector
-from launcher.trainers.goodput import launch_key
 from launcher.trainers.checkpoint_files import checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("launcher")
@@ -116,7 +115,7 @@ def start_collector(cfg: Config, plan: LaunchPlan, started: float, session: Opti
     else:
         def owner() -> bool:
             return 0 in session.logs.placement.get("ranks", [])
-    return Collector(cfg, plan.run_dir, launch_key(started), plan.world_size, owner).start()
+    return Collector(cfg, plan.run_dir, plan.world_size, owner).start()
 
 
 def finish_with(session: Optional[Any], collector: Optional[Collector]) -> Callable[..., Dict[str, Any]]:

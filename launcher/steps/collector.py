@@ -34,8 +34,8 @@ JOIN_S = 5.0
 class Collector:
     """start(), then drain() once the workers are done, then close(summary) once summary.json is written."""
 
-    def __init__(self, cfg: Config, run_dir: str, launch: str, world_size: int, owner: Callable[[], bool]) -> None:
-        self.cfg, self.run_dir, self.launch, self.owner = cfg, run_dir, launch, owner
+    def __init__(self, cfg: Config, run_dir: str, world_size: int, owner: Callable[[], bool]) -> None:
+        self.cfg, self.run_dir, self.owner = cfg, run_dir, owner
         self.files = StepFiles(run_dir)
         self.rows = JobRows(cfg.metrics.straggler_fraction, world_size)
         self.fd: Optional[int] = None
@@ -58,10 +58,9 @@ class Collector:
             if not self.owner():
                 return
             for record in sorted(self.files.new_records(), key=lambda r: r["t"]):
-                if record["launch"] == self.launch:
-                    self.rows.add(record)
-                    if record["rank"] == 0 and not self.decided:
-                        self._decide(record)
+                self.rows.add(record)
+                if record["rank"] == 0 and not self.decided:
+                    self._decide(record)
             for row in self.rows.take(final):
                 self._write(row)
                 if self.wandb is not None:

@@ -133,7 +133,8 @@ class StepFiles:
         return [r for r in (parse(line) for line in lines if line.strip()) if r is not None]
 
 
-def read_launch(run_dir: str | Path, launch: Optional[str]) -> List[Dict[str, Any]]:
-    """Every record of one launch (a resumed run's folder also holds the earlier launches'), oldest first."""
-    records = [r for r in StepFiles(run_dir).new_records() if r["launch"] == launch]
-    return sorted(records, key=lambda r: (r["attempt"], r["t"], r["rank"]))
+def read_records(run_dir: str | Path) -> List[Dict[str, Any]]:
+    """Every record of this launch, oldest first: steps/ holds this launch's alone (a resume, a requeue or a new Ray
+    placement moves the earlier launch's into a folder of their own, launcher.rundir.archive_rank_logs), whichever
+    node's launcher wrote them (each names its own start as the record's "launch")."""
+    return sorted(StepFiles(run_dir).new_records(), key=lambda r: (r["attempt"], r["t"], r["rank"]))

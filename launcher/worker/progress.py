@@ -113,7 +113,7 @@ class StepWatch:
         self.primary_stepped = self.other_stepped = False
         self.last_at = None  # perf_counter of the last step
         self.first_at = None  # wall time of the first step
-        self.flushed_at = time.time()
+        self.window_start = time.time()  # wall time: the last step of the previous window (or our start)
         self.next_flush = 0.0
         self.intervals = []
         self.logged, self.per_rank, self.warned = {}, {}, set()
@@ -169,22 +169,23 @@ class StepWatch:
         if self.fd == -1:
             return
         wall = time.time()
-        record = self.record(wall, final)
-        self.flushed_step, self.flushed_at = self.step, wall
+        end = wall - (now - self.last_at) if self.last_at is not None else wall  # the window's last step (not the end of
+        record = self.record(wall, end, final)                                 # a script that evaluates after training)
+        self.flushed_step, self.window_start = self.step, end
         if self.wandb:
             self.into_script_run(record)
         self.write(record)
         if self.goodput_fd != -1 and self.first_at is not None:
-            self.write_goodput()
+            self.write_goodput(end)
         if not self.primary_stepped and self.other_stepped:
             self.primary = None  # its optimizer stopped while another steps: that one counts from now on
         self.primary_stepped = self.other_stepped = False
 
-    def record(self, wall: float, final: bool) -> dict:
+    def record(self, wall: float, end: float, final: bool) -> dict:
         where = self.where
         record = {"v": FORMAT, "rank": self.rank, "attempt": int(where.get("attempt", 0)), "launch": where.get("launch"),
                   "t": wall, "step": self.step, "steps": self.step - self.flushed_step,
-                  "window_s": wall - self.flushed_at}
+                  "window_s": max(0.0, end - self.window_start)}
         window, self.intervals = self.intervals, []
         if window:
             ordered = sorted(window)
@@ -210,9 +211,9 @@ class StepWatch:
         except (OSError, ValueError) as e:
             self.stop_writing(e)
 
-    def write_goodput(self) -> None:
-        """launcher.trainers.goodput's attempt record: a script's steps count as kept (it may keep checkpoints of its own)."""
-        at = time.time() if self.last_at is None else self.flushed_at
+    def write_goodput(self, at: float) -> None:
+        """launcher.trainers.goodput's attempt record, its loop ending at `at` (the last step): a script's steps count as
+        kept (it may keep checkpoints of its own)."""
         record = {"first_step_at": self.first_at, "active_until": at, "start_step": 0, "step": self.step,
                   "block_s": 0.0, "kept": {"step": self.step, "at": at, "block_s": 0.0},
                   "marks": {"launch": self.started_at}}
@@ -338,14 +339,15 @@ class Loader:
 
 
 def frame_values(frame: types.FrameType) -> list:
-    """A frame's local values, and the attributes of its `self`. A function frame's f_locals is a snapshot that the
-    frame keeps: emptied again at once, so it holds no tensor of the script alive (a module's f_locals are its globals)."""
+    """A frame's local values, and the attributes of its `self`. Before Python 3.13 a function frame's f_locals is a
+    snapshot that the frame keeps: emptied again at once, so it holds no tensor of the script alive (a module's
+    f_locals are its globals; 3.13's is a view that holds nothing and must not be emptied)."""
     values = frame.f_locals
     found = list(values.values())
     owner = values.get("self")
     if owner is not None and hasattr(owner, "__dict__") and not isinstance(owner, type):
         found += list(vars(owner).values())
-    if frame.f_code.co_flags & CO_OPTIMIZED:
+    if type(values) is dict and frame.f_code.co_flags & CO_OPTIMIZED:  # a snapshot (Python 3.13's is a live view)
         values.clear()
     return found
 
