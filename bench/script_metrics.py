@@ -28,14 +28,16 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
-PROGRESS = Path(__file__).resolve().parent.parent / "launcher" / "worker" / "progress.py"
+WORKER = Path(__file__).resolve().parent.parent / "launcher" / "worker"
 BATCH = 64
 
 
 def progress_namespace() -> Dict[str, Any]:
-    """progress.py as a worker runs it (launcher.worker.bootstrap executes it into a namespace)."""
-    namespace: Dict[str, Any] = {"__name__": "launcher_worker_progress", "__file__": str(PROGRESS)}
-    exec(compile(PROGRESS.read_bytes(), str(PROGRESS), "exec"), namespace)
+    """loaders.py and progress.py as a worker runs them (launcher.worker.bootstrap executes them into a namespace)."""
+    namespace: Dict[str, Any] = {"__name__": "launcher_worker_progress"}
+    for name in ("loaders.py", "progress.py"):
+        path = WORKER / name
+        exec(compile(path.read_bytes(), str(path), "exec"), namespace)
     return namespace
 
 
@@ -97,7 +99,8 @@ def block(run: Callable[[float], int], seconds: float, run_dir: Optional[str]) -
         os.makedirs(os.path.dirname(beat), exist_ok=True)
         open(beat, "w").close()
         where = {"run_dir": run_dir, "rank": 0, "attempt": 0, "launch": "1", "wandb": False}
-        timed = Timed(progress_namespace()["StepWatch"](where, beat, time.time()))
+        namespace = progress_namespace()
+        timed = Timed(namespace["StepWatch"](where, beat, time.time(), namespace["Loader"]()))
         handle = register_optimizer_step_post_hook(timed)
     steps = run(seconds)
     if handle is not None:

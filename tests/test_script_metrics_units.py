@@ -19,22 +19,24 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from launcher.steps.records import StepFiles, parse, read_records
 from launcher.steps.rows import JobRows, summary_figures, weighted_median
-from launcher.worker.progress import steps_file
+from launcher.worker.progress import WORKER_FILES, steps_file
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def progress_namespace() -> dict:
-    """launcher/worker/progress.py as a worker runs it: executed into a namespace, not imported."""
-    path = REPO / "launcher" / "worker" / "progress.py"
-    namespace = {"__name__": "launcher_worker_progress", "__file__": str(path)}
-    exec(compile(path.read_bytes(), str(path), "exec"), namespace)
+    """launcher/worker/progress.py as a worker runs it: executed into a namespace (after loaders.py), not imported."""
+    namespace = {"__name__": "launcher_worker_progress"}
+    for name in WORKER_FILES:
+        path = REPO / "launcher" / "worker" / name
+        exec(compile(path.read_bytes(), str(path), "exec"), namespace)
     return namespace
 
 
 def watch_for(tmp_path: Path, rank: int = 0):
     where = {"run_dir": str(tmp_path), "rank": rank, "attempt": 0, "launch": "1000", "wandb": False}
-    return progress_namespace()["StepWatch"](where, None, 1.0)
+    namespace = progress_namespace()
+    return namespace["StepWatch"](where, None, 1.0, namespace["Loader"]())
 
 
 def records(tmp_path: Path, rank: int = 0) -> list:

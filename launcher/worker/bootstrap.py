@@ -194,10 +194,11 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     threads = spec["env"].get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))  # read at import, in the zygote: apply it now
-    beat = progress()["register_heartbeat"](spec.get("heartbeat"))
+    here = progress()
+    beat = here["register_heartbeat"](spec.get("heartbeat"))
     watch = None
     if spec["kind"] != "trainer" and (beat or spec.get("steps")):  # the built-in trainer beats and measures itself
-        watch = progress()["watch_steps"](spec.get("steps"), beat)
+        watch = here["watch_steps"](spec.get("steps"), beat, here["Loader"]())
     status = os.fdopen(status_fd, "w", buffering=1)
     # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
     # their handling of KeyboardInterrupt): a Ctrl-C to the group during this set-up would print this file's
@@ -244,15 +245,15 @@ _progress: "dict | None" = None
 
 
 def progress() -> dict:
-    """launcher/worker/progress.py (heartbeat, stack dumps, step records) executed into a namespace of its own:
-    nothing of the project enters sys.modules (see its docstring). The zygote loads it once for every worker."""
+    """launcher/worker/loaders.py and progress.py (heartbeat, stack dumps, step records) executed into one namespace
+    of their own: nothing of the project enters sys.modules (see progress.py). The zygote loads it for every worker."""
     global _progress
     if _progress is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progress.py")
-        with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec")
-        _progress = {"__name__": "launcher_worker_progress", "__file__": path, "__builtins__": __builtins__}
-        exec(code, _progress)
+        _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__}
+        for name in ("loaders.py", "progress.py"):  # launcher.worker.progress.WORKER_FILES
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+            with open(path, "rb") as f:
+                exec(compile(f.read(), path, "exec"), _progress)
     return _progress
 
 

@@ -14,35 +14,26 @@ record (launcher.trainers.goodput's format).
 
 A step is a step of the first optimizer that steps (a GAN's two optimizers count once per iteration); when that
 optimizer is gone or stops while another steps, the other takes over.
-Samples: the DataLoader the training loop consumes is found in the hook's calling frames (their locals, and their
-`self`'s attributes), and its live iterator as the object that holds its index sampler (gc.get_referrers, a scan of
-the heap: a millisecond in a forked worker, whose zygote froze torch's objects out of the collector's reach, up to
-50 ms in a fresh one; so at the first step, and then at most once a minute). The iterator's own count of batches
-yielded, between two windows, gives batches per step, so gradient accumulation counts right; after its epoch the
-measured ratio carries on. Without a DataLoader in reach (a hand-made loop, an
-IterableDataset that batches itself), samples/s is unknown and the record says why.
+Samples come from the DataLoader the loop iterates (launcher/worker/loaders.py, executed into the same namespace
+first: WORKER_FILES).
 """
 
 import errno
-import gc
 import json
 import os
 import signal
 import socket
 import sys
 import time
-import types
 import weakref
 
 FORMAT = 1
+WORKER_FILES = ("loaders.py", "progress.py")  # executed in this order into a worker's namespace (bootstrap spells it too)
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1  # launcher.runtime.beats
 STEPS_DIR = "steps"
 FLUSH_S = 1.0  # a record at most about this often
 BEAT_INTERVAL_S = 0.5  # launcher.runtime.beats.BEAT_INTERVAL_S
 GOODPUT_DIR, GOODPUT_RECORD_BYTES = "goodput", 1024  # launcher.trainers.goodput.DIR, RECORD_BYTES
-SEARCH_GIVE_UP = 5  # searches in a row that found nothing: stop looking
-RESEARCH_S = 60.0  # once batches per step is known, look for a new iterator at most this often
-CO_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED: a function's frame, whose f_locals is a snapshot
 MB = 1024.0 * 1024.0
 
 
@@ -76,16 +67,15 @@ def register_heartbeat(where: "dict | None") -> "str | None":
 _stack_file = None
 
 
-def watch_steps(where: "dict | None", beat: "str | None") -> "StepWatch | None":
+def watch_steps(where: "dict | None", beat: "str | None", loader: object) -> "StepWatch | None":
     """Steps without code changes: every optimizer step of any torch.optim optimizer beats (as heartbeat() does)
     and, with `where`, is recorded: one global optimizer step post hook. A forked worker has torch from the zygote;
-    a spawned one imports torch.optim here, as the zygote would. The hook's handle is watch.handle
-    (bench/progress_hook.py removes it)."""
+    a spawned one imports torch.optim here, as the zygote would. The hook's handle is watch.handle."""
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
     except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
         return None
-    watch = StepWatch(where, beat, time.time())
+    watch = StepWatch(where, beat, time.time(), loader)
     watch.handle = register_optimizer_step_post_hook(watch)
     return watch
 
@@ -103,7 +93,7 @@ class StepWatch:
 
     launcher_step_watch = True  # how launcher.runtime.log finds it among torch's global hooks
 
-    def __init__(self, where: "dict | None", beat: "str | None", started_at: float) -> None:
+    def __init__(self, where: "dict | None", beat: "str | None", started_at: float, loader: object) -> None:
         self.beat, self.beat_at = beat, 0.0
         self.where = where
         self.rank = int(where["rank"]) if where else -1
@@ -119,7 +109,7 @@ class StepWatch:
         self.logged, self.per_rank, self.warned = {}, {}, set()
         self.fd = None if where else -1
         self.goodput_fd = None if where and self.rank == 0 and where.get("launch") else -1
-        self.loader = Loader()
+        self.loader = loader  # a loaders.Loader: the DataLoader's batches per step
         self.wandb = bool(where and where.get("wandb") and self.rank == 0)
 
     def __call__(self, optimizer: object, args: object, kwargs: object) -> None:
@@ -139,6 +129,8 @@ class StepWatch:
         self.step += 1
         if now >= self.next_flush:
             self.flush(now)
+        elif not self.loader.measured and self.loader.ref is not None:
+            self.loader.measure(self.step)
         if self.beat and now - self.beat_at >= BEAT_INTERVAL_S:
             self.beat_at = now
             try:
@@ -258,98 +250,6 @@ class StepWatch:
             if fd is not None and fd >= 0:
                 os.close(fd)
         self.fd = self.goodput_fd = -1
-
-
-class Loader:
-    """The training loop's DataLoader iterator: batches per optimizer step, and its batch size.
-
-    Batches per step is read off the iterator's own count (``_num_yielded``) between two looks at the same
-    iterator, so gradient accumulation counts right; a window's samples are its steps x that x the batch size.
-    Epochs shorter than a window replace the iterator between looks: the last measured ratio carries on.
-    """
-
-    def __init__(self) -> None:
-        self.ref = None  # weakref to the iterator: holding it would keep its loader workers alive
-        self.yielded = self.at_step = 0  # its count and our step count at the last look
-        self.per_step = None  # batches per optimizer step
-        self.batch_size = None
-        self.misses = 0
-        self.searched_at = float("-inf")
-
-    def window(self, step: int, steps: int) -> dict:
-        """Samples of a window of `steps` steps ending at `step`."""
-        if step == 0:
-            return {}
-        if self.misses >= SEARCH_GIVE_UP:
-            return {"samples": None, "samples_note": "no torch DataLoader iterator in the training loop's frames"}
-        try:
-            self.look(step)
-        except Exception:  # noqa: BLE001  (a search must never fail a training step)
-            self.ref = None
-        if self.per_step is None:
-            self.misses += 1
-            return {"samples": None, "samples_note": "no torch DataLoader iterator in the training loop's frames"}
-        self.misses = 0
-        batches = steps * self.per_step
-        if not self.batch_size:
-            return {"batches": batches, "samples": None,
-                    "samples_note": "the DataLoader has no batch_size (batch_size=None, or a batch_sampler without one)"}
-        return {"batches": batches, "batch_size": self.batch_size, "samples": round(batches * self.batch_size)}
-
-    def look(self, step: int) -> None:
-        it = self.ref() if self.ref is not None else None
-        if it is not None and it._num_yielded != self.yielded:
-            if step > self.at_step:
-                self.per_step = (it._num_yielded - self.yielded) / (step - self.at_step)
-            self.yielded, self.at_step = it._num_yielded, step
-            return
-        now = time.monotonic()
-        if self.per_step is not None and now - self.searched_at < RESEARCH_S:
-            return  # its epoch ended: the ratio carries on; a search (a scan of the heap) is for now and then
-        self.searched_at = now
-        found = self.search()
-        if found is None or found is it:
-            return
-        sampler = getattr(found, "_index_sampler", None)
-        self.batch_size = getattr(sampler, "batch_size", None) if getattr(found, "_auto_collation", False) else None
-        self.ref = weakref.ref(found)
-        if self.per_step is None and found._num_yielded and step:
-            self.per_step = found._num_yielded / step  # the first epoch's iterator, seen at the first steps
-        self.yielded, self.at_step = found._num_yielded, step
-
-    def search(self) -> "object | None":
-        """The iterator of a DataLoader the calling frames hold (a loop's iterator lives on its frame's evaluation stack,
-        out of reach: it is found as the one object holding that DataLoader's index sampler, gc.get_referrers)."""
-        module = sys.modules.get("torch.utils.data.dataloader")
-        iter_type, loader_type = getattr(module, "_BaseDataLoaderIter", None), getattr(module, "DataLoader", None)
-        if iter_type is None or loader_type is None:
-            return None
-        frame = sys._getframe(1)
-        while frame is not None:
-            for value in frame_values(frame):
-                if isinstance(value, iter_type):
-                    return value
-                if isinstance(value, loader_type):
-                    sampler = value._index_sampler
-                    for holder in gc.get_referrers(sampler):
-                        if isinstance(holder, iter_type) and holder._index_sampler is sampler:
-                            return holder
-            frame = frame.f_back
-        return None
-
-
-def frame_values(frame: types.FrameType) -> list:
-    """A frame's local values, and the attributes of its `self`. Before Python 3.13 a function frame's f_locals is a
-    snapshot that the frame keeps: emptied again at once, so it holds no tensor of the script alive (a module's
-    f_locals are its globals; 3.13's is a view that holds nothing and must not be emptied)."""
-    values = frame.f_locals
-    found = list(values.values())
-    owner = values.get("self")
-    if owner is not None and hasattr(owner, "__dict__") and not isinstance(owner, type):
-        found += list(vars(owner).values())
-    if type(values) is dict and frame.f_code.co_flags & CO_OPTIMIZED:  # a snapshot (Python 3.13's is a live view)
-        values.clear()
-    return found
 
 
 def memory() -> dict:
