@@ -1,10 +1,13 @@
 """A DDP script in the tutorials' shape, with a DataLoader and a DistributedSampler (tests/test_script_metrics.py).
 
     ddp_loader.py --out DIR [--epochs E] [--accum K] [--launcher-log] [--wandb] [--fail-rank R --fail-step S] [--sleep S]
+                  [--global-batch B]
 
 Nothing in it knows the launcher except --launcher-log, which calls launcher.log() (a no-op under torchrun). Rank 0
 writes DIR/result.json: its optimizer steps, its last loss and, with --wandb, the id of the W&B run it started.
 --fail-rank R --fail-step S: rank R raises at optimizer step S of the first attempt (to be restarted).
+--global-batch B: each rank's DataLoader takes B / WORLD_SIZE, as a script that keeps its global batch does (strong
+scaling, tests/test_scale_scripts.py); without it every rank takes 16 whatever the world size.
 """
 
 import argparse
@@ -31,6 +34,7 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=-1)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--global-batch", type=int, default=0)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -45,7 +49,8 @@ def main() -> None:
     data = TensorDataset(torch.randn(1024, 32, generator=torch.Generator().manual_seed(1)),
                          torch.randint(0, 4, (1024,), generator=torch.Generator().manual_seed(2)))
     sampler = DistributedSampler(data, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    batch = args.global_batch // dist.get_world_size() if args.global_batch else BATCH
+    loader = DataLoader(data, batch_size=batch, sampler=sampler)
     steps, last = 0, None
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for epoch in range(args.epochs):
@@ -62,7 +67,7 @@ def main() -> None:
                 import launcher
 
                 launcher.log({"loss": last, "lr": 0.05})
-                launcher.log({"seen": float(steps * BATCH * args.accum)}, per_rank=True)
+                launcher.log({"seen": float(steps * batch * args.accum)}, per_rank=True)
             if run is not None:
                 run.log({"loss": last})
             if attempt == 0 and rank == args.fail_rank and steps == args.fail_step:
