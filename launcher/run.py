@@ -9,17 +9,14 @@ from launcher.backends.slurm.environment import adopt_allocation, should_submit
 from launcher import interrupts
 from launcher.clock import process_start_time
 from launcher.config.rendezvous import check_port_is_used
-from launcher.config.schema import Config, ScriptConfig, load_config, to_yaml, validate
+from launcher.config.schema import Config, ScriptConfig, load_config, to_yaml
 from launcher.errors import ConfigError
 
 
 def resolve_config(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[str, bool, List[str]]]) -> Config:
-    cfg = load_config(args.config, overrides)
+    spec = None if script is None else ScriptConfig(path=script[0], module=script[1], args=list(script[2]))
+    cfg = load_config(args.config, overrides, script=spec)
     check_port_is_used(cfg, overrides)
-    if script is not None:
-        path, module, script_args = script
-        cfg.script = ScriptConfig(path=path, module=module, args=list(script_args))
-        validate(cfg)
     return cfg
 
 

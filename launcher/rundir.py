@@ -15,13 +15,16 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher.config.schema import Config, to_yaml
+from launcher.config.schema import Config, MetricsConfig, to_yaml
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan, job_workers
 from launcher.provenance import capture
+from launcher.steps.records import read_records
+from launcher.steps.rows import summary_figures
 from launcher.trainers.goodput import format_goodput, job_goodput
+from launcher.worker.progress import STEPS_DIR
 
 SUMMARY_KEYS = (
     "run_id", "status", "world_size", "nodes", "gpus_per_node", "backend", "device_type", "strategy",
@@ -47,12 +50,17 @@ def create_run_dir(output_dir: str, run_id: str) -> Path:
 
 
 def archive_rank_logs(run_dir: Path, folder: str) -> Optional[Path]:
-    """Move the earlier attempt's rank logs into logs/<folder>/ so a new attempt's logs start afresh beside them."""
-    logs = run_dir / "logs"
-    old = sorted(logs.glob("rank-*")) if logs.is_dir() else []
+    """Move the earlier launch's rank logs into logs/<folder>/ so a new launch's logs start afresh beside them; a
+    script's step records likewise into steps/<folder>/ (steps/ then holds this launch's, whichever node wrote them)."""
+    archive(run_dir / STEPS_DIR, "rank-*.jsonl", folder)
+    return archive(run_dir / "logs", "rank-*", folder)
+
+
+def archive(where: Path, pattern: str, folder: str) -> Optional[Path]:
+    old = sorted(p for p in where.glob(pattern) if not p.is_symlink()) if where.is_dir() and not where.is_symlink() else []
     if not old:
         return None
-    keep = logs / folder
+    keep = where / folder
     keep.mkdir(exist_ok=True)
     for path in old:
         path.replace(keep / path.name)
@@ -141,7 +149,7 @@ def finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]],
            error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
     """Write summary.json: the base fields, how the job ended, its wall time and rank 0's figures."""
     ended = time.time()
-    figures = job_goodput(str(run_dir), started, ended, status) if base.get("model") else {}  # the built-in trainer's
+    figures = job_figures(run_dir, base, started, ended, status)
     summary = build_summary({**base, "status": status, "wall_s": ended - started, "restarts": restarts, **figures},
                             rank0)
     if error:
@@ -156,10 +164,31 @@ def finish(run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]],
     return summary
 
 
+def job_figures(run_dir: Path, base: Dict[str, Any], started: float, ended: float, status: str) -> Dict[str, Any]:
+    """Steps, throughput, first step and goodput: the built-in trainer's from its goodput records (its own figures
+    come with rank 0's result), a script's from its workers' step records (launcher.steps)."""
+    if base.get("model"):
+        return job_goodput(str(run_dir), started, ended, status)
+    if base.get("script") is None:
+        return {}
+    records = read_records(run_dir)
+    figures = summary_figures(records, started, MetricsConfig.straggler_fraction)
+    if "steps" in figures:
+        figures.update(job_goodput(str(run_dir), started, ended, status))
+    return figures
+
+
 def one_line_summary(summary: Dict[str, Any], run_dir: Path) -> str:
     parts = [f"{summary['status']} in {summary['wall_s']:.1f}s"]
-    if summary.get("samples_per_s"):
-        parts.append(f"{summary['steps']} steps, loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.0f} samples/s")
+    if summary.get("steps"):
+        figures = [f"{summary['steps']} steps"]
+        if summary.get("final_loss") is not None:
+            figures.append(f"loss {summary['final_loss']:.4f}")
+        if summary.get("samples_per_s"):
+            figures.append(f"{summary['samples_per_s']:.0f} samples/s")
+        elif summary.get("steps_per_s"):
+            figures.append(f"{summary['steps_per_s']:.1f} steps/s")
+        parts.append(", ".join(figures))
     if summary.get("time_to_first_step_s"):
         parts.append(f"first step after {summary['time_to_first_step_s']:.1f}s")
     if summary.get("goodput") is not None:

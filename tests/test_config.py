@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.config.schema import Config, load_config, to_yaml
+from launcher.config.schema import Config, ScriptConfig, load_config, to_yaml
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 
@@ -48,6 +48,16 @@ def test_bad_values_name_the_problem(override, words):
         load_config(None, override)
     assert words in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_script_is_held_to_none_of_the_built_in_trainers_rules(tmp_path):
+    """data.* and trainer.* are the built-in trainer's: a script run at 300 workers is no 'dataset too small'."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    cfg = load_config(None, ["gpus=300", "data.dataset_size=10"], script=ScriptConfig(path=str(script)))
+    assert cfg.script.path == str(script) and cfg.gpus == 300
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(None, [], script=ScriptConfig(path=str(tmp_path / "nosuch.py")))
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

@@ -12,7 +12,8 @@ from launcher.errors import ConfigError
 from tests.helpers import REPO, launcher_env
 from launcher.commands.scale import build_points, capacity_notice, parse_sizes
 from launcher.commands.scale_report import render_markdown, render_plot, scaling_efficiency, scaling_rows
-from launcher.trainers.metrics import count_tokens, stragglers
+from launcher.trainers.metrics import count_tokens
+from launcher.trainers.stragglers import stragglers
 from launcher.trainers.mfu import mfu_figures, mfu_percent, peak_flops, FlopCount
 from launcher.trainers.progress import eta_seconds, format_eta
 from launcher.trainers.wandb_logger import RUN_ID_FILE, read_or_create_run_id

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import QUICK, REPO, free_port, read_summary, run_launcher
+from tests.helpers import QUICK, REPO, free_port, read_metrics, read_summary, run_launcher
 from tests.ray_cluster import ray_cluster, ray_env
 from tests.ray_launches import launch_once, line
 
@@ -46,6 +46,8 @@ def test_a_torchrun_tutorial_script_runs_unchanged_on_two_ray_nodes_and_matches_
     run_dir = only_dir(tmp_path / "runs")
     summary = read_summary(run_dir)
     assert (summary["status"], summary["world_size"], summary["nodes"], summary["cluster"]) == ("completed", 4, 2, "ray")
+    assert summary["steps"] == 5 and summary["time_to_first_step_s"] > 0  # the script's own optimizer steps, seen
+    assert len(read_metrics(run_dir)[-1]["step_time_s_per_rank"]) == 4  # every rank's, from both Ray nodes
     assert [n["ranks"] for n in summary["node_list"]] == [[0, 1], [2, 3]]
     assert len({p["ray_node_id"] for p in summary["ray_placement"]}) == 2  # two Ray nodes, one bundle each
     assert sorted(p.name for p in (run_dir / "logs").glob("rank-*.log")) == [f"rank-{r}.log" for r in range(4)]

@@ -108,9 +108,14 @@ def test_two_nodes_through_slurm_match_a_local_run(runs, slurm_env, local_refere
 
 
 SCRIPT = """
-import os, json, torch.distributed as dist
+import os, json, torch, torch.distributed as dist
 dist.init_process_group("gloo")
-t = __import__("torch").ones(1) * dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+t = torch.ones(1) * dist.get_rank()
 dist.all_reduce(t)
 out = os.path.join(os.environ["LAUNCHER_RUN_DIR"], f"seen-{dist.get_rank()}.json")
 json.dump({"rank": dist.get_rank(), "world": dist.get_world_size(), "local": os.environ["LOCAL_RANK"], "sum": t.item()}, open(out, "w"))
@@ -128,6 +133,8 @@ def test_a_user_script_runs_under_slurm(runs, slurm_env):
     assert [s["rank"] for s in seen] == [0, 1, 2, 3]
     assert {s["world"] for s in seen} == {4} and {s["sum"] for s in seen} == {6.0}
     assert [s["local"] for s in seen] == ["0", "1", "0", "1"]
+    summary = read_summary(submitted(runs))
+    assert summary["steps"] == 3 and len(summary["step_time_s_per_rank"]) == 4  # its optimizer steps, every rank's
 
 
 # 2 nodes x 2 workers: 4 ranks, where the order of the ranks' additions matters; the requeued job must

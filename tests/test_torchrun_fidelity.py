@@ -244,3 +244,10 @@ def test_the_ddp_tutorial_ends_with_torchruns_parameters(ddp):
 
 def test_a_hugging_face_trainer_ends_with_torchruns_parameters(hf):
     same_results(hf)
+
+
+def test_a_hugging_face_trainer_gets_its_steps_and_global_batch_counted_with_no_change(hf):
+    """Zero-code metrics through Trainer's own loop: 5 optimizer steps of 2 ranks x per_device_train_batch_size 4
+    (its DataLoader wrapper fetches a batch ahead: batches per step is measured, not taken from the first look)."""
+    summary = json.loads((only_run_dir(hf.runs) / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["global_batch_size"] == 8 and summary["samples_per_s"] > 0

@@ -1,6 +1,6 @@
 """Nothing of the project shadows a user's modules: a user's trainers.py, tests.py, cluster.py and configs.py
 beside the script, in the working folder and on PYTHONPATH are the ones the script imports, under
-`python -m launcher` and the `launcher` command alike, on one node and on two; and the launcher itself
+`python -m launcher` and the `launcher` command alike, at --gpus 4 and at --nodes 2; and the launcher itself
 still runs (the built-in trainer too) from a folder that holds them.
 
 The expected answer is torchrun's: the same script, the same folders, run under torchrun first.
@@ -25,7 +25,7 @@ SCRIPT = REPO / "tests" / "scripts" / "user_modules.py"
 NAMES = ("trainers", "tests", "cluster", "configs")
 LAUNCHER_COMMAND = str(Path(sys.executable).parent / "launcher")
 COMMANDS = {"python -m launcher": [sys.executable, "-m", "launcher"], "launcher": [LAUNCHER_COMMAND]}
-SHAPES = {"one node": ["--gpus", "2"], "two nodes": ["--nodes", "2", "--gpus", "1"]}
+SHAPES = {"one node": (["--gpus", "4"], 4), "two nodes": (["--nodes", "2", "--gpus", "1"], 2)}
 
 
 def user_module(folder: Path, names, where: str) -> None:
@@ -60,12 +60,12 @@ def seen_by_ranks(out: Path, world: int) -> List[dict]:
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
 
 
-def run_job(argv: List[str], cwd: Path, out: Path, pp: Path, what: str) -> List[dict]:
+def run_job(argv: List[str], cwd: Path, out: Path, pp: Path, what: str, world: int = 2) -> List[dict]:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     done = run_bounded(argv + ["--out", str(out)], cwd, 150, {"PYTHONPATH": str(pp), "OMP_NUM_THREADS": "1"}, what)
     assert done.returncode == 0, done.stderr[-3000:]
-    return seen_by_ranks(out, 2)
+    return seen_by_ranks(out, world)
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +91,14 @@ def test_torchrun_imports_the_users_modules_from_where_python_finds_them(torchru
 def test_a_scripts_own_modules_are_imported_never_the_launchers(layout, torchruns, command, shape):
     for kind, target in TARGETS.items():
         out = layout["root"] / f"ours-{kind}-{command.replace(' ', '_')}-{shape.replace(' ', '_')}"
-        argv = [*COMMANDS[command], *SHAPES[shape], f"output_dir={layout['root'] / 'runs'}", *target]
-        ours = run_job(argv, layout[kind], out, layout["pp"], command)
+        flags, world = SHAPES[shape]
+        argv = [*COMMANDS[command], *flags, f"output_dir={layout['root'] / 'runs'}", *target]
+        ours = run_job(argv, layout[kind], out, layout["pp"], command, world)
+        theirs = torchruns[kind][0]  # every rank of a job sees the same modules and path
         for rank, seen in enumerate(ours):
-            theirs = torchruns[kind][rank]
             assert seen["modules"] == theirs["modules"], (kind, rank)
             assert seen["path"] == theirs["path"], (kind, rank)  # no folder of the project added, element by element
-            assert seen["pythonpath"] == str(layout["pp"]) and seen["world_size"] == 2
+            assert seen["pythonpath"] == str(layout["pp"]) and seen["world_size"] == world
             assert str(REPO) not in seen["path"]
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .footprint import rss_peak_bytes
+from .stragglers import stragglers
 from .mfu import FlopCount, mfu_figures
 
 # Per-rank figures gathered at each log step, in this order (only the loss when not detailed).
@@ -230,18 +231,6 @@ def window_metrics(rows: torch.Tensor, straggler_fraction: float, samples_per_s:
     if meter.tokens and meter.samples:
         out["tokens_per_s"] = samples_per_s * meter.tokens / meter.samples
     out.update(mfu_figures(meter.flops, step_mean, meter.device))
-    return out
-
-
-def stragglers(step_times: List[float], fraction: float) -> Dict[str, Any]:
-    """Spread of per-rank step time; names the slowest rank when it lags the median by more than fraction."""
-    ordered = sorted(step_times)
-    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
-    slowest = max(range(len(step_times)), key=lambda r: step_times[r])
-    spread = (ordered[-1] - ordered[0]) / median if median > 0 else 0.0
-    lag = step_times[slowest] / median - 1.0 if median > 0 else 0.0
-    out: Dict[str, Any] = {"step_time_spread": spread, "slowest_rank": slowest, "slowest_rank_lag": lag}
-    out["straggler_rank"] = slowest if lag > fraction else None
     return out
 
 

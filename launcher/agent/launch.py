@@ -29,6 +29,7 @@ from launcher.agent.stores import listening_store
 from launcher.agent.watchdog import StartPeers, run_watched
 from launcher.runtime import env
 from launcher.trainers.diskspace import free_space, nearly_full
+from launcher.trainers.goodput import launch_key
 
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
@@ -105,7 +106,18 @@ def worker_job(plan: LaunchPlan, config: Dict[str, Any], agent_env: Tuple[str, .
     return WorkerJob(kind=kind, target=script["path"], args=tuple(script["args"]), run_dir=plan.run_dir,
                      added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,
                      exit_timeout_s=float(config["launcher"]["exit_timeout_s"]), heartbeat=watchdog_s > 0,
-                     config=config if kind == "trainer" else {}, slurm="SLURM_JOB_ID" in os.environ)
+                     config=config if kind == "trainer" else {}, slurm="SLURM_JOB_ID" in os.environ,
+                     steps=script_steps(config) if kind != "trainer" else None)
+
+
+def script_steps(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """What a script's workers record of their steps (metrics.scripts): this launch's key for the goodput records
+    (launcher.trainers.goodput), and whether rank 0 adds the launcher's figures to a W&B run the script starts."""
+    if not config.get("metrics", {}).get("scripts", True):
+        return None
+    started = os.environ.get(env.START_TIME)
+    return {"launch": launch_key(float(started)) if started else None,
+            "wandb": config.get("wandb", {}).get("mode", "offline") != "disabled"}
 
 
 def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, Any]], attempt: int) -> str:

@@ -60,6 +60,8 @@ class WorkerJob:
     config: Dict[str, Any] = field(default_factory=dict)  # the built-in trainer's config
     cwd: str = field(default_factory=os.getcwd)
     slurm: bool = False
+    # a script's step records (launcher/worker/progress.py): {"launch": launch key, "wandb": bool}; None = off
+    steps: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -126,6 +128,9 @@ class WorkerProcesses(PContext):
                                 "slurm": self.job.slurm}
         if self.job.heartbeat:
             spec["heartbeat"] = {"run_dir": self.job.run_dir, "rank": rank, "local_rank": local_rank}
+        if self.job.steps is not None:
+            spec["steps"] = {**self.job.steps, "run_dir": self.job.run_dir, "rank": rank,
+                             "attempt": int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)}
         if self.job.kind == "trainer":
             spec["trainer"] = {"config": self.job.config, "run_dir": self.job.run_dir,
                                "result_file": self._result_file(rank)}

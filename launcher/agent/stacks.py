@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Tuple
 
+from launcher import trainers as shipped_trainers
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 
 log = logging.getLogger("launcher")
@@ -29,6 +30,7 @@ _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"
 SETUP_FUNCTIONS = ("init_process_group", "init_device_mesh")
 # torch's DataLoader: a rank blocked in it waits for data, not for a peer (its workers' stacks are their own processes)
 DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
+TRAINERS_ROOT = str(Path(shipped_trainers.__file__).resolve().parent.parent)  # where trainers/ is (the repository, or site-packages/launcher)
 LOADER_WAITS = ("_try_get_data", "_get_data")  # the multi-process loader waiting on its workers' queue
 NCCL_PIPE_PREFIX = "nccl-pipe-rank-"  # launcher.plan sets TORCH_NCCL_DEBUG_INFO_PIPE_FILE to stacks/<this>
 Frames = List[Tuple[str, int, str]]
@@ -84,8 +86,10 @@ def in_setup(frames: Frames) -> bool:
 
 
 def _short(path: str) -> str:
-    """A path as the user knows it: relative to the working directory or to the import root it came from."""
-    roots = [os.getcwd()] + sorted((p for p in sys.path if p and os.path.isabs(p)), key=len, reverse=True)
+    """A path as the user knows it: relative to the working directory or to the import root it came from (the
+    built-in trainer's: trainers/x.py, installed or not)."""
+    imports = [p for p in sys.path if p and os.path.isabs(p)] + [TRAINERS_ROOT]
+    roots = [os.getcwd()] + sorted(imports, key=len, reverse=True)
     for root in roots:
         if root.rstrip(os.sep) and path.startswith(root.rstrip(os.sep) + os.sep):
             return os.path.relpath(path, root)

@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from launcher import interrupts
 from launcher.agent.launch import first_result, run_node
@@ -22,6 +22,7 @@ from launcher.errors import HangError, LauncherError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
 from launcher.runtime import env
+from launcher.steps.collector import Collector
 from launcher.trainers.checkpoint_files import checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("launcher")
@@ -41,8 +42,16 @@ def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = 
 
 def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = None) -> int:
     """Run this machine's agent to the end and write summary.json (on a multi-node job: where session says)."""
+    collector = start_collector(cfg, plan, started, session)
+    try:
+        return run_to_summary(cfg, plan, started, session, finish_with(session, collector))
+    finally:
+        if collector is not None:
+            collector.close(None)  # (closed already where a summary was written)
+
+
+def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any], finish_as: Callable) -> int:
     run_dir = Path(plan.run_dir)
-    finish_as = session.finish if session is not None else finish
     base = summary_base(cfg, plan)
     try:
         interrupts.release()  # the run directory is whole: a Ctrl-C held until now is recorded below
@@ -62,7 +71,8 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
         signum = getattr(e, "sigval", signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
         if signum is None:
             raise
-        return stopped(cfg, plan, started, session, base, f"interrupted by {signal.Signals(signum).name}", signum)
+        return stopped(cfg, plan, started, session, base, f"interrupted by {signal.Signals(signum).name}", signum,
+                       finish_as)
     killed = sorted(r["rank"] for r in results.values() if isinstance(r, dict) and r.get("hung_at_exit"))
     if killed:  # launcher.agent.processes: finished their script, then hung in the interpreter's exit
         base["ranks_killed_at_exit"] = killed
@@ -72,10 +82,9 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
 
 
 def stopped(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any], base: Dict[str, Any],
-            how: str, signum: int) -> int:
+            how: str, signum: int, finish_as: Callable) -> int:
     """summary.json of a job stopped by a signal: "completed" where rank 0 had finished the last step, else "interrupted"."""
     run_dir = Path(plan.run_dir)
-    finish_as = session.finish if session is not None else finish
     rank0 = finished_rank0(cfg, plan, started, session)
     if rank0 is not None:  # nothing left to train: "interrupted" would send a resume that refuses, forever
         summary = finish_as(run_dir, base, rank0, "completed", started)
@@ -99,6 +108,34 @@ def finished_rank0(cfg: Config, plan: LaunchPlan, started: float, session: Optio
         return None
     done = isinstance(result, dict) and result.get("steps") == cfg.trainer.steps
     return result if done else None
+
+
+def start_collector(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any]) -> Optional[Collector]:
+    """A script's step records into metrics.jsonl and W&B while it runs (launcher.steps), on the node with rank 0."""
+    if cfg.script.path is None or not cfg.metrics.scripts:
+        return None
+    if session is None:
+        def owner() -> bool:
+            return True
+    else:
+        def owner() -> bool:
+            return 0 in session.logs.placement.get("ranks", [])
+    return Collector(cfg, plan.run_dir, plan.world_size, owner).start()
+
+
+def finish_with(session: Optional[Any], collector: Optional[Collector]) -> Callable[..., Dict[str, Any]]:
+    """finish (or the session's), with the collector's last rows before and its W&B summary after."""
+    finish_as = session.finish if session is not None else finish
+
+    def finishing(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        if collector is not None:
+            collector.drain()
+        summary = finish_as(*args, **kwargs)
+        if collector is not None:
+            collector.close(summary)
+        return summary
+
+    return finishing
 
 
 def resume_hint(cfg: Config, run_dir: Path) -> str:

@@ -1,11 +1,13 @@
 """The `scale` command: run the same job at several sizes and report how well it scales.
 
     python -m launcher scale --gpus 1,2,4 [--nodes 1,2] [--mode strong|weak] [--rounds 2] [--max-rounds 5]
-                             [--spread 0.1] [KEY=VALUE ...]
+                             [--spread 0.1] [KEY=VALUE ...] [train.py ARGS | -m MODULE ARGS]
 
 Each size is an ordinary run (its own run directory under <sweep>/runs/); this module only
 chooses the sizes and batches, then turns the runs' summary.json files into scale.json,
-scale.md, scale.png, a console table and one W&B run holding the table and charts.
+scale.md, scale.png, a console table and one W&B run holding the table and charts. A user's
+script is parsed as the run command parses it (launcher.usage) and runs unchanged at every size:
+its figures are launcher.commands.scale_script's.
 
 A single run per size is not a measurement on a shared machine (4.6x efficiency in one sweep,
 0.16 in the next): every size runs --rounds times, round by round so that the machine's drift
@@ -23,24 +25,29 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.config.schema import Config, load_config, to_dict
+from launcher.config.schema import Config, to_dict
 from launcher.config.secrets import redact
-from launcher.errors import ConfigError, WorkerFailedError
+from launcher.errors import ConfigError, LaunchError, WorkerFailedError
+from launcher.plan import build_plan, detect_hardware
 from launcher.rundir import read_json, write_atomic, write_json
+from launcher.run import resolve_config
 from launcher.commands.children import launcher_command
-from launcher.commands.scale_report import (COLUMNS, print_table, render_markdown, render_plot, scaling_rows, spread,
-                                            throughputs)
-from launcher.usage import OneLineParser
+from launcher.commands.scale_report import (COLUMNS, HEADERS, TRAINER_FOOTNOTE, print_table, render_markdown,
+                                            render_plot, scaling_rows, spread, throughputs)
+from launcher.commands.scale_script import SCRIPT_COLUMNS, batch_check, efficiency_basis, footnote, script_rows
+from launcher.usage import OneLineParser, script_spec, split_argv
 from launcher.trainers.wandb_logger import log_table
+
+Script = Tuple[str, bool, List[str]]  # launcher.usage.script_spec: (path or module, is_module, its arguments)
 
 
 @dataclass(frozen=True)
 class SweepPoint:
     nodes: int
     gpus: int
-    batch_size: int  # per worker
+    batch_size: Optional[int]  # per worker; None for a script, whose batch is its own
 
     @property
     def world_size(self) -> int:
@@ -52,8 +59,11 @@ class SweepPoint:
 
 
 def parse_sizes(text: str, flag: str) -> List[int]:
+    parts = text.split(",")
+    if len(parts) > 1 and not all(part.strip() for part in parts):
+        raise ConfigError(f"{flag} {text}: an empty size between commas: write them like {flag} 1,2,4")
     try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
+        sizes = [int(part) for part in parts if part.strip()]
     except ValueError:
         raise ConfigError(f"{flag} {text}: expected comma-separated whole numbers, e.g. {flag} 1,2,4") from None
     if not sizes or min(sizes) < 1:
@@ -61,15 +71,15 @@ def parse_sizes(text: str, flag: str) -> List[int]:
     return sorted(set(sizes))
 
 
-def build_points(gpus: List[int], nodes: List[int], mode: str, batch_size: int) -> List[SweepPoint]:
-    """Strong: the global batch stays batch_size x the smallest size; weak: batch_size per worker."""
+def build_points(gpus: List[int], nodes: List[int], mode: str, batch_size: Optional[int]) -> List[SweepPoint]:
+    """Strong: the global batch stays batch_size x the smallest size; weak: batch_size per worker (None: a script's)."""
     # --nodes above 1 runs simulated nodes on this machine (launcher.backends.simulated), like `--nodes N` does
     sizes = [(n, g) for n in nodes for g in gpus]
     smallest = min(n * g for n, g in sizes)
     points = []
     for n, g in sizes:
         per_worker = batch_size
-        if mode == "strong":
+        if mode == "strong" and batch_size is not None:
             global_batch = batch_size * smallest
             if global_batch % (n * g):
                 raise ConfigError(
@@ -83,23 +93,45 @@ def build_points(gpus: List[int], nodes: List[int], mode: str, batch_size: int) 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m launcher scale",
-                      description="Run the job at each size and report throughput and scaling efficiency.")
+                      description="Run the job (the built-in trainer, or your script unchanged) at each size and "
+                                  "report throughput and scaling efficiency.",
+                      epilog="examples:\n  python -m launcher scale --gpus 1,2,4 --mode weak trainer.steps=300\n"
+                             "  python -m launcher scale --gpus 1,2,4 train.py --lr 0.1     a script: weak scaling\n"
+                             "  python -m launcher scale --nodes 1,2 --gpus 1 -m mypkg.train --epochs 1",
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", required=True, metavar="LIST", help="workers per node to try, e.g. 1,2,4")
     p.add_argument("--nodes", default="1", metavar="LIST", help="node counts to try (default 1)")
-    p.add_argument("--mode", choices=("strong", "weak"), default="strong",
-                   help="strong: fixed global batch (data.batch_size x the smallest size); weak: fixed per-worker batch")
+    p.add_argument("--mode", choices=("strong", "weak"),
+                   help="strong (the built-in trainer's default): fixed global batch (data.batch_size x the smallest "
+                        "size); weak: fixed per-worker batch (a script's sweep is weak: its batch is its own)")
     p.add_argument("--config", metavar="FILE", help="a YAML config, as for a run")
     p.add_argument("--output-dir", metavar="DIR", help="where the sweep folder goes (default: output_dir)")
     p.add_argument("--rounds", type=int, default=2, metavar="N", help="runs of every size at least (default 2)")
     p.add_argument("--max-rounds", type=int, default=5, metavar="N", help="runs of every size at most (default 5)")
     p.add_argument("--spread", type=float, default=0.10, metavar="FRACTION",
                    help="stop adding rounds once every size's throughput spread is within this (default 0.10)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every run")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="sweep a module as the script, like python -m MODULE")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides for every run, before the script; then the script and its own arguments")
     return p
 
 
+def parse_request(argv: List[str]) -> Tuple[argparse.Namespace, Optional[Script]]:
+    """The sweep's flags and overrides, and the script with its arguments untouched, as the run command splits them."""
+    parser = build_parser()
+    ours, script = split_argv(argv, parser)
+    args = parser.parse_intermixed_args(ours)  # a usage error exits 2 in one line (OneLineParser)
+    spec = script_spec(args, script)
+    if spec is not None and args.mode == "strong":
+        raise ConfigError("scale --mode strong: the launcher cannot set a script's batch, so it cannot hold the "
+                          "global batch fixed: drop --mode (a script's sweep is weak scaling, and a script that "
+                          "divides its global batch by WORLD_SIZE itself is reported as strong scaling)")
+    args.mode = args.mode or ("weak" if spec is not None else "strong")
+    return args, spec
+
+
 def main(argv: List[str]) -> int:
-    args = build_parser().parse_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    args, script = parse_request(argv)
     gpus, nodes = parse_sizes(args.gpus, "--gpus"), parse_sizes(args.nodes, "--nodes")
     if not 1 <= args.rounds <= args.max_rounds:
         raise ConfigError(f"--rounds {args.rounds} --max-rounds {args.max_rounds}: need 1 <= rounds <= max-rounds, "
@@ -107,8 +139,13 @@ def main(argv: List[str]) -> int:
     if not args.spread > 0:
         raise ConfigError(f"--spread {args.spread:g}: must be a positive fraction, e.g. --spread 0.1 (10%)")
     overrides = list(args.overrides) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
-    cfg = load_config(args.config, overrides)
-    points = build_points(gpus, nodes, args.mode, cfg.data.batch_size)
+    cfg = resolve_config(args, overrides, script)  # a bad key, value or script path: before anything exists
+    batch = cfg.data.batch_size if script is None else None  # a script's batch is its own
+    if isinstance(batch, str):
+        raise ConfigError("scale sets data.batch_size at every size from the one given: give a number, "
+                          "e.g. data.batch_size=32 (auto would pick another per size)")
+    points = build_points(gpus, nodes, args.mode, batch)
+    check_points(points, args, overrides, script)
     sweep_id = f"scale-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     sweep_dir = Path(cfg.output_dir).resolve() / sweep_id
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -116,40 +153,85 @@ def main(argv: List[str]) -> int:
     notice = capacity_notice(max(p.world_size for p in points))
     if notice:
         print(notice, flush=True)
+    rounds, noisy = measure(points, args, overrides, script, sweep_dir, group)
+    return report(cfg, args.mode, points, rounds, sweep_dir, group, notice, noisy, script)
+
+
+def point_overrides(point: SweepPoint, overrides: List[str], script: Optional[Script]) -> List[str]:
+    """What a size's run gets on top of the sweep's overrides: its size and, for the built-in trainer, its batch."""
+    batch = [] if script is not None else [f"data.batch_size={point.batch_size}"]
+    return [*overrides, f"nodes={point.nodes}", f"gpus={point.gpus}", *batch]
+
+
+def check_points(points: List[SweepPoint], args: argparse.Namespace, overrides: List[str],
+                 script: Optional[Script]) -> None:
+    """Every size's config and launch plan, as its own run will make them, before the sweep folder exists:
+    a size this machine cannot run (too many workers, more GPUs than it has) is refused by the run's own checks."""
+    hardware = detect_hardware()
+    for point in points:
+        try:
+            cfg = resolve_config(args, point_overrides(point, overrides, script), script)
+            build_plan(cfg, hardware, point.name, str(Path(cfg.output_dir).resolve() / point.name))
+        except ConfigError as e:
+            raise ConfigError(f"scale: at {point.world_size} worker(s) ({point.nodes} node(s) x {point.gpus}): {e}") from e
+
+
+def measure(points: List[SweepPoint], args: argparse.Namespace, overrides: List[str], script: Optional[Script],
+            sweep_dir: Path, group: str) -> Tuple[List[List[Dict[str, Any]]], Optional[str]]:
+    """Every size's run summaries, round by round, until the spread is small; and a line if it never got there."""
     rounds: List[List[Dict[str, Any]]] = [[] for _ in points]
-    noisy = None
+    spreads = [0.0]
     for round_ in range(1, args.max_rounds + 1):
         for point, done in zip(points, rounds):
-            done.append(run_point(point, args, overrides, sweep_dir, group, round_))
-        spreads = [spread(throughputs(done)) for done in rounds]
+            done.append(run_point(point, args, overrides, sweep_dir, group, round_, script))
+        key = "samples_per_s" if script is None else efficiency_basis(rounds)
+        spreads = [spread(throughputs(done, key)) for done in rounds]
         if round_ >= args.rounds and max(spreads) <= args.spread:
-            break
+            return rounds, None
         if round_ >= args.rounds and round_ < args.max_rounds:
             print(f"scale: throughput spread {100 * max(spreads):.0f}% after {round_} rounds, above --spread "
                   f"{100 * args.spread:.0f}%: another round", flush=True)
-    else:
-        noisy = (f"noisy: throughput spread up to {100 * max(spreads):.0f}% after {args.max_rounds} rounds (target "
-                 f"{100 * args.spread:.0f}%, --spread): read the efficiencies with their ranges in scale.json")
-    return report(cfg, args.mode, points, rounds, sweep_dir, group, notice, noisy)
+    return rounds, (f"noisy: throughput spread up to {100 * max(spreads):.0f}% after {args.max_rounds} rounds (target "
+                    f"{100 * args.spread:.0f}%, --spread): read the efficiencies with their ranges in scale.json")
+
+
+def script_argv(script: Optional[Script]) -> List[str]:
+    """The script and its arguments as a child's command line ends: after `--`, so no name of it is taken for ours."""
+    if script is None:
+        return []
+    path, module, script_args = script
+    return ["-m", path, *script_args] if module else ["--", path, *script_args]
+
+
+def script_name(script: Script) -> str:
+    return f"-m {script[0]}" if script[1] else script[0]
 
 
 def run_point(point: SweepPoint, args: argparse.Namespace, overrides: List[str], sweep_dir: Path, group: str,
-              round_: int = 1) -> Dict[str, Any]:
+              round_: int = 1, script: Optional[Script] = None) -> Dict[str, Any]:
     """One ordinary launcher run at this size; its summary.json is the measurement."""
     run_id = point.name if round_ == 1 else f"{point.name}-r{round_}"
     cmd = launcher_command(["--nodes", str(point.nodes), "--gpus", str(point.gpus)])
     cmd += ["--config", args.config] if args.config else []
-    cmd += [*overrides, f"output_dir={sweep_dir / 'runs'}", f"run_id={run_id}",
-            f"data.batch_size={point.batch_size}", f"wandb.group={group}", "metrics.progress=lines"]
-    print(f"scale: {point.world_size} worker(s) ({point.nodes} node x {point.gpus}), batch {point.batch_size} per worker, "
-          f"round {round_} ...", flush=True)
+    cmd += [*overrides, f"output_dir={sweep_dir / 'runs'}", f"run_id={run_id}"]
+    cmd += [f"data.batch_size={point.batch_size}"] if script is None else []
+    cmd += [f"wandb.group={group}", "metrics.progress=lines", *script_argv(script)]
+    batch = f"batch {point.batch_size} per worker" if script is None else f"{script_name(script)} with its own batch"
+    print(f"scale: {point.world_size} worker(s) ({point.nodes} node x {point.gpus}), {batch}, round {round_} ...",
+          flush=True)
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = sweep_dir / "runs" / run_id
-    write_atomic(sweep_dir / "logs" / f"{run_id}.log", done.stdout)
+    log = sweep_dir / "logs" / f"{run_id}.log"
+    write_atomic(log, done.stdout)
     if done.returncode != 0:
         last = (done.stdout.strip().splitlines() or ["no output"])[-1]
-        raise WorkerFailedError(f"the {point.world_size}-worker run failed ({last}); see {sweep_dir / 'logs' / (run_id + '.log')}")
-    return read_json(run_dir / "summary.json")
+        raise WorkerFailedError(f"the {point.world_size}-worker run failed ({last}); see {log}")
+    summary = read_json(run_dir / "summary.json")
+    if script is not None and summary.get("steps_per_s") is None:
+        why = summary.get("metrics_note") or "no timed optimizer step"
+        raise LaunchError(f"the {point.world_size}-worker run of {script_name(script)} measured no steps/s ({why}): "
+                          f"scale times torch.optim optimizer steps (and needs metrics.scripts=true); see {log}")
+    return summary
 
 
 def capacity_notice(max_workers: int, cores: Optional[int] = None, cuda_devices: Optional[int] = None) -> Optional[str]:
@@ -170,21 +252,30 @@ def capacity_notice(max_workers: int, cores: Optional[int] = None, cuda_devices:
 
 
 def report(cfg: Config, mode: str, points: List[SweepPoint], rounds: List[List[Dict[str, Any]]], sweep_dir: Path,
-           group: str, notice: Optional[str], noisy: Optional[str] = None) -> int:
-    rows = scaling_rows(points, rounds)
-    result = {"mode": mode, "group": group, "device_type": rounds[0][0].get("device_type"), "notice": notice,
-              "noisy": noisy, "rounds": len(rounds[0]), "sizes": rows}
+           group: str, notice: Optional[str], noisy: Optional[str] = None, script: Optional[Script] = None) -> int:
+    result: Dict[str, Any] = {"mode": mode, "group": group, "device_type": rounds[0][0].get("device_type"),
+                              "notice": notice, "noisy": noisy, "rounds": len(rounds[0])}
+    columns: Sequence[str] = COLUMNS
+    if script is None:
+        key, note = "samples_per_s", TRAINER_FOOTNOTE
+        result["sizes"] = scaling_rows(points, rounds)
+    else:
+        columns, key = SCRIPT_COLUMNS, efficiency_basis(rounds)
+        result["sizes"] = script_rows(points, rounds)
+        result["mode"], batch_note = batch_check(result["sizes"])  # what the script did, measured
+        result.update(script=script_name(script), efficiency_from=key, batch_note=batch_note)
+        note = footnote(key)
+    rows = result["sizes"]
     write_json(sweep_dir / "scale.json", result)
-    write_atomic(sweep_dir / "scale.md", render_markdown(result))
-    render_plot(rows, sweep_dir / "scale.png", mode)
-    print_table(result)
-    table = [[row.get(c) for c in COLUMNS] for row in rows]
-    charts = {"throughput_chart": ("world_size", "samples_per_s", "samples/s by workers"),
+    write_atomic(sweep_dir / "scale.md", render_markdown(result, columns, note))
+    render_plot(rows, sweep_dir / "scale.png", result["mode"], key)
+    print_table(result, columns)
+    table = [[row.get(c) for c in columns] for row in rows]
+    charts = {"throughput_chart": ("world_size", key, f"{HEADERS[key]} by workers"),
               "efficiency_chart": ("world_size", "scaling_efficiency", "scaling efficiency by workers")}
-    warning = log_table(cfg.wandb, f"{group}-summary", list(COLUMNS), table, redact(to_dict(cfg)), sweep_dir, charts,
+    warning = log_table(cfg.wandb, f"{group}-summary", list(columns), table, redact(to_dict(cfg)), sweep_dir, charts,
                         {"scale_plot": sweep_dir / "scale.png"})
     if warning:
         print(warning, file=sys.stderr)
     print(f"scale: wrote {sweep_dir / 'scale.json'}, scale.md and scale.png", flush=True)
     return 0
-

@@ -18,8 +18,9 @@ def scaling_efficiency(throughput: float, workers: int, base_throughput: float, 
     return throughput / ideal if ideal > 0 else 0.0
 
 
-def throughputs(rounds: Sequence[Dict[str, Any]]) -> List[float]:
-    return [float(s.get("samples_per_s") or 0.0) for s in rounds]
+def throughputs(rounds: Sequence[Dict[str, Any]], key: str = "samples_per_s") -> List[float]:
+    """One figure of every round's summary (0 where a run lacks it)."""
+    return [float(s.get(key) or 0.0) for s in rounds]
 
 
 def spread(values: Sequence[float]) -> float:
@@ -45,7 +46,7 @@ def scaling_rows(points: Sequence[Any], summaries: Sequence[Any]) -> List[Dict[s
         every = throughputs(runs)
         tput = statistics.median(every)
         summary = runs[len(runs) // 2]
-        memory, kind = _peak_memory(summary)
+        memory, kind = peak_memory(summary)
         efficiency = scaling_efficiency(tput, point.world_size, base_tput, base_point.world_size)
         low = scaling_efficiency(min(every), point.world_size, max(base_all), base_point.world_size)
         high = scaling_efficiency(max(every), point.world_size, min(base_all), base_point.world_size)
@@ -75,7 +76,8 @@ def plausibility(efficiency: float, low: float, batch: int, base_batch: int) -> 
             "a noisy machine or a measuring error, not scaling")
 
 
-def _peak_memory(summary: Dict[str, Any]) -> tuple:
+def peak_memory(summary: Dict[str, Any]) -> tuple:
+    """(MB, what was measured): CUDA's max allocated where a GPU ran, else the processes' peak RSS."""
     if summary.get("cuda_peak_mb") is not None:
         return summary["cuda_peak_mb"], "cuda_max_allocated"
     return summary.get("rss_peak_mb"), "process_rss"
@@ -86,8 +88,12 @@ def _fmt(value: Any, column: str) -> str:
         return "-"
     if column in ("scaling_efficiency", "comm_share"):
         return f"{100 * value:.0f}%"
-    if column == "spread":
+    if column in ("spread", "steps_spread"):
         return f"±{50 * value:.0f}%"
+    if column == "steps_per_s":
+        return f"{value:,.1f}"
+    if column == "batch_per_worker" and isinstance(value, float):
+        return f"{value:g}"  # a script's, measured: 15.5 when its last batches are short
     if column == "speedup":
         return f"{value:.2f}x"
     if column == "step_time_s_median":
@@ -99,62 +105,81 @@ def _fmt(value: Any, column: str) -> str:
 
 HEADERS = {"world_size": "workers", "nodes": "nodes", "gpus_per_node": "per node", "batch_per_worker": "batch/worker",
            "global_batch": "global batch", "samples_per_s": "samples/s", "spread": "spread",
+           "steps_per_s": "steps/s", "steps_spread": "spread",
            "step_time_s_median": "step time",
            "speedup": "speedup", "scaling_efficiency": "efficiency", "comm_share": "comm share",
            "peak_memory_mb": "peak MB"}
 
 
-def render_markdown(result: Dict[str, Any]) -> str:
-    lines = [f"# Scaling sweep ({result['mode']} scaling, {result.get('device_type')})", ""]
+TRAINER_FOOTNOTE = ("Efficiency = throughput_N / (N / N0 x throughput_N0) against the smallest size N0, from the "
+                    "median throughput of each size's rounds; spread = ± half (largest - smallest) / median of a "
+                    "size's rounds; peak memory is CUDA max allocated on GPU, process RSS on CPU.")
+
+
+def title(result: Dict[str, Any]) -> str:
+    """What was swept: the scaling kind, and for a script its name and what its efficiency comes from."""
+    if not result.get("script"):
+        return f"{result['mode']} scaling, {result.get('device_type')}"
+    basis = "samples/s" if result.get("efficiency_from") == "samples_per_s" else "steps/s"
+    return f"{result['script']}: {result['mode']} scaling, {result.get('device_type')}, efficiency from {basis}"
+
+
+def render_markdown(result: Dict[str, Any], columns: Sequence[str] = COLUMNS, footnote: str = TRAINER_FOOTNOTE) -> str:
+    lines = [f"# Scaling sweep ({title(result)})", ""]
     if result.get("notice"):
         lines += [f"> {result['notice']}", ""]
-    lines.append("| " + " | ".join(HEADERS[c] for c in COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
+    lines.append("| " + " | ".join(HEADERS[c] for c in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
     for row in result["sizes"]:
-        lines.append("| " + " | ".join(_fmt(row.get(c), c) for c in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(row.get(c), c) for c in columns) + " |")
     lines += [""] + [f"- {line}" for line in notes(result)]
-    lines += ["", "Efficiency = throughput_N / (N / N0 x throughput_N0) against the smallest size N0, from the "
-              "median throughput of each size's rounds; spread = ± half (largest - smallest) / median of a size's "
-              "rounds; peak memory is CUDA max allocated on GPU, process RSS on CPU.", ""]
+    lines += ["", footnote, ""]
     return "\n".join(lines)
 
 
 def notes(result: Dict[str, Any]) -> List[str]:
     """The lines under the table: how noisy the figures are, and what not to believe."""
-    said = [f"{r['world_size']} workers: {r['flag']}" for r in result["sizes"] if r.get("flag")]
+    said = [result["batch_note"]] if result.get("batch_note") else []
+    said += [f"{r['world_size']} workers: {r['flag']}" for r in result["sizes"] if r.get("flag")]
     if result.get("noisy"):
         said.append(result["noisy"])
     return said
 
 
-def print_table(result: Dict[str, Any]) -> None:
+def print_table(result: Dict[str, Any], columns: Sequence[str] = COLUMNS) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"scaling ({result['mode']})")
-    for column in COLUMNS:
+    table = Table(title=f"scaling ({title(result) if result.get('script') else result['mode']})")
+    for column in columns:
         table.add_column(HEADERS[column], justify="right")
     for row in result["sizes"]:
-        table.add_row(*(_fmt(row.get(c), c) for c in COLUMNS))
+        table.add_row(*(_fmt(row.get(c), c) for c in columns))
     Console(width=160).print(table)
     for line in notes(result):
         print(f"scale: {line}", flush=True)
 
 
-def render_plot(rows: List[Dict[str, Any]], path: Path, mode: str) -> None:
-    """Throughput and efficiency against workers, each with its ideal line."""
+def render_plot(rows: List[Dict[str, Any]], path: Path, mode: str, key: str = "samples_per_s") -> None:
+    """Throughput (key: samples_per_s, or a script's steps_per_s) and efficiency against workers, with ideal lines.
+
+    The ideal steps/s of a weak-scaling script stays flat: every step does more samples, not more steps.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
     workers = [r["world_size"] for r in rows]
-    tput = [r["samples_per_s"] for r in rows]
+    tput = [r[key] for r in rows]
     base_w, base_t = workers[0], tput[0]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.plot(workers, tput, "o-", label="measured")
-    ax1.plot(workers, [base_t * w / base_w for w in workers], "--", color="gray", label="ideal (linear)")
-    ax1.set(xlabel="workers", ylabel="samples/s", title=f"throughput ({mode} scaling)")
+    if key == "steps_per_s":
+        ax1.plot(workers, [base_t for _ in workers], "--", color="gray", label="ideal (flat)")
+    else:
+        ax1.plot(workers, [base_t * w / base_w for w in workers], "--", color="gray", label="ideal (linear)")
+    ax1.set(xlabel="workers", ylabel=HEADERS[key], title=f"throughput ({mode} scaling)")
     ax2.plot(workers, [100 * r["scaling_efficiency"] for r in rows], "o-", label="measured")
     ax2.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
     ax2.set(xlabel="workers", ylabel="efficiency %", title="scaling efficiency", ylim=(0, max(110, *(100 * r["scaling_efficiency"] + 10 for r in rows))))

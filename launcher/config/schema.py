@@ -93,6 +93,9 @@ class MetricsConfig:
     detailed: bool = True  # time data/forward/backward/optimizer/communication, memory, CPU; false = throughput only
     straggler_fraction: float = 0.2  # name the slowest rank when its step time exceeds the median by this fraction
     progress: str = "auto"  # rank 0's console: auto (a bar on a terminal, plain lines otherwise) | bar | lines
+    # a user's script: record its optimizer steps, memory and launcher.log() values per rank (one global optimizer
+    # step hook in each worker) into metrics.jsonl, summary.json and W&B; false = none of that
+    scripts: bool = True
 
 
 @dataclass
@@ -202,11 +205,11 @@ def resolve_config_path(name: str) -> Path:
 
 
 def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]] = None,
-                label: str = "--config") -> Config:
+                label: str = "--config", script: Optional[ScriptConfig] = None) -> Config:
     """Merge defaults < YAML file < overrides into a validated Config.
 
-    label: how messages name the file (`--config`, or a resumed run's recorded config).
-    """
+    label: how messages name the file (`--config`, or a resumed run's recorded config). script: the command line's,
+    set before validating: a script is held to none of the built-in trainer's rules (data.*, trainer.*)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -234,6 +237,7 @@ def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]
             raise ConfigError(_explain(where, e)) from e
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, Config)
+    cfg.script = script or cfg.script
     validate(cfg)
     return cfg
 
@@ -315,6 +319,10 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.slurm.signal_delay_s, 1, "slurm.signal_delay_s")
     _at_least(cfg.slurm.max_requeues, 0, "slurm.max_requeues")
     check_ray_config(cfg)
+    if cfg.script.path is not None:  # a script reads none of data.* or trainer.*: its own batch is its business
+        if not cfg.script.module:
+            _check_script(cfg.script.path)
+        return
     world = cfg.nodes * cfg.gpus
     accum = cfg.trainer.grad_accum_steps  # an optimizer step takes this many batches from one epoch
     if not auto_batch and cfg.data.batch_size * world * max(1, accum) > cfg.data.dataset_size:
@@ -323,12 +331,9 @@ def validate(cfg: Config) -> None:
             f"data.dataset_size={cfg.data.dataset_size} is smaller than one global batch "
             f"({cfg.data.batch_size} x {world} workers{steps}): raise data.dataset_size or lower data.batch_size"
         )
-    if cfg.script.path is not None and not cfg.script.module:
-        _check_script(cfg.script.path)
-    else:
-        _one_of(cfg.trainer.pipeline.schedule, PIPELINE_SCHEDULES, "trainer.pipeline.schedule")
-        check_feature_config(cfg)  # first: it rejects batch_size=auto where check_strategy does batch arithmetic
-        check_strategy(cfg)
+    _one_of(cfg.trainer.pipeline.schedule, PIPELINE_SCHEDULES, "trainer.pipeline.schedule")
+    check_feature_config(cfg)  # first: it rejects batch_size=auto where check_strategy does batch arithmetic
+    check_strategy(cfg)
 
 
 def _check_batch_size(value: Union[int, str]) -> bool:

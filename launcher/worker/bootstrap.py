@@ -34,9 +34,7 @@ import types  # noqa: E402
 
 MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("__"))  # a fresh __main__'s names
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
-# launcher.runtime.beats reads these: <run_dir>/heartbeats/rank-K and <run_dir>/stacks/rank-K.txt
-STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
-BEAT_INTERVAL_S, DONE_AT = 0.5, 1.0  # launcher.runtime.beats: beats at most this often; the mtime of "finished"
+DONE_AT = 1.0  # launcher.runtime.beats: a heartbeat file's mtime once the rank is finished
 WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
@@ -53,7 +51,32 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     server = types.ModuleType("launcher_forkserver")  # never in sys.modules: a worker holds nothing of the project
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
     SourceFileLoader(server.__name__, path).exec_module(server)
-    return server.serve(kind, control_fd)
+    return server.serve(lambda: preload(kind), control_fd)
+
+
+def preload(kind: str) -> None:
+    """Imports only: no tensor, no thread pool, no CUDA before the fork.
+
+    Every import in here, and in become_worker, is inside the function on purpose: a script's
+    worker must hold nothing of this project or of torch beyond what the script imports itself
+    under torchrun (tests/test_fidelity.py), so only the built-in trainer's branch loads them.
+    """
+    import gc
+
+    gc.disable()  # import-heavy: the collector would rescan millions of new objects (launcher.warmstart)
+    import torch  # noqa: F401
+
+    progress()  # the heartbeat's and step records' code, shared by every forked worker
+
+    if kind == "trainer":  # the installed package's, never a folder put on sys.path (a user's trainers.py stays theirs)
+        import psutil  # noqa: F401
+        import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
+        import torch.nn.parallel  # noqa: F401
+
+        import launcher.trainers.train  # noqa: F401
+        import launcher.worker.trainer  # noqa: F401
+    gc.freeze()  # never scanned again; the pages stay shared with the forked workers
+    gc.enable()
 
 
 def ignore_stop_signals() -> None:
@@ -96,9 +119,11 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     threads = spec["env"].get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))  # read at import, in the zygote: apply it now
-    beat = register_heartbeat(spec.get("heartbeat"))
-    if beat and spec["kind"] != "trainer":  # the built-in trainer beats every step itself
-        watch_optimizer_steps(beat)
+    here = progress()
+    beat = here["register_heartbeat"](spec.get("heartbeat"))
+    watch = None
+    if spec["kind"] != "trainer" and (beat or spec.get("steps")):  # the built-in trainer beats and measures itself
+        watch = here["watch_steps"](spec.get("steps"), beat, here["Loader"]())
     status = os.fdopen(status_fd, "w", buffering=1)
     # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
     # their handling of KeyboardInterrupt) and again once it ended: a Ctrl-C to the group, or the agent's SIGINT
@@ -108,6 +133,8 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
 
         run_trainer(spec["trainer"], status)  # exits the process itself
     code = run_user_code(spec["kind"], spec["target"], spec["args"], spec.get("error_file"))
+    if watch is not None:
+        watch.close()  # the last window's record
     if beat:
         try:
             os.utime(beat, (DONE_AT, DONE_AT))  # done: a slow exit is no hang for the heartbeat watchdog
@@ -143,60 +170,20 @@ def fresh_random_state() -> None:
         sys.modules["numpy.random"].seed()
 
 
-def register_heartbeat(where: "dict | None") -> "str | None":
-    """Announce this rank to the node's watchdog (launcher.agent.watchdog) and arm the stack dump."""
-    if not where:
-        return None
-    run_dir, rank = where["run_dir"], where["rank"]
-    path = os.path.join(run_dir, "heartbeats", f"rank-{rank}")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    record = {"rank": rank, "local_rank": where["local_rank"], "pid": os.getpid(), "host": socket.gethostname(),
-              "thread": __import__("threading").get_ident()}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(record) + "\n")
-    os.utime(tmp, (0, 0))  # registered, never beat: not judged until the first heartbeat()
-    os.replace(tmp, path)
-    stacks = os.path.join(run_dir, "stacks", f"rank-{rank}.txt")
-    os.makedirs(os.path.dirname(stacks), exist_ok=True)
-    import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
-
-    global _stack_file
-    # kept open: faulthandler writes to its fd. Appending: the agent empties the file before each dump,
-    # and a plain fd would write the next dump at its old offset, after a run of NUL bytes.
-    _stack_file = open(stacks, "a")
-    _stack_file.truncate(0)
-    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
-    return path
+_progress: "dict | None" = None
 
 
-_stack_file = None
-
-
-def watch_optimizer_steps(beat: str) -> "object | None":
-    """Progress without code changes: every optimizer step of any torch.optim optimizer beats, as heartbeat() does.
-
-    A global step post-hook (torch.optim.optimizer.register_optimizer_step_post_hook) that touches the
-    beat file at most every BEAT_INTERVAL_S: a clock read per step otherwise (bench/progress_hook.py).
-    A forked worker has torch from the zygote; a spawned one imports torch.optim here, as the zygote would.
-    """
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-    except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
-        return None
-    last = [0.0]
-    clock, touch = time.monotonic, os.utime
-
-    def optimizer_stepped(optimizer, args, kwargs) -> None:  # noqa: ANN001  (torch's hook signature)
-        now = clock()
-        if now - last[0] >= BEAT_INTERVAL_S:
-            last[0] = now
-            try:
-                touch(beat)
-            except OSError:
-                pass  # the run directory went away: nothing to watch any more
-
-    return register_optimizer_step_post_hook(optimizer_stepped)  # its handle (bench/progress_hook.py removes it)
+def progress() -> dict:
+    """launcher/worker/loaders.py and progress.py (heartbeat, stack dumps, step records) executed into one namespace
+    of their own: nothing of the project enters sys.modules (see progress.py). The zygote loads it for every worker."""
+    global _progress
+    if _progress is None:
+        _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__}
+        for name in ("loaders.py", "progress.py"):  # launcher.worker.progress.WORKER_FILES
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+            with open(path, "rb") as f:
+                exec(compile(f.read(), path, "exec"), _progress)
+    return _progress
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:

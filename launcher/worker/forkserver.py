@@ -2,8 +2,9 @@
 
 launcher/worker/bootstrap.py (`bootstrap.py zygote ...`) loads this file into a module object that is never
 put in sys.modules (a worker forked from here must hold nothing of the project: tests/test_torchrun_fidelity.py)
-and calls serve() once the process is set up; in a forked worker serve() returns, and bootstrap.py makes it
-the rank it was asked for. The agent's side is launcher.agent.zygote.
+and calls serve() once the process is set up, with the imports to make before the first fork
+(bootstrap.preload); in a forked worker serve() returns, and bootstrap.py makes it the rank it was asked
+for. The agent's side is launcher.agent.zygote.
 """
 
 import json
@@ -12,15 +13,16 @@ import select
 import signal
 import socket
 import time
+from collections.abc import Callable  # torch imports it before any fork: a worker holds nothing more
 
 MAX_MESSAGE = 1 << 20
 
 
-def serve(kind: str, control_fd: int) -> "tuple | None":
-    """Preload, then fork workers on request until the agent hangs up. Returns only in a worker: its spec and fds."""
+def serve(preload: Callable[[], None], control_fd: int) -> "tuple | None":
+    """preload(), then fork workers on request until the agent hangs up. Returns only in a worker: its spec and fds."""
     sock = socket.socket(fileno=control_fd)
     try:
-        preload(kind)
+        preload()
     except BaseException as e:  # noqa: BLE001  (reported to the agent, which names it)
         send(sock, {"event": "error", "message": f"{type(e).__name__}: {e}"})
         return None
@@ -82,29 +84,6 @@ def own_children() -> set:
         if stat[stat.rindex(")") + 2:].split()[1] == me:
             found.add(int(entry))
     return found
-
-
-def preload(kind: str) -> None:
-    """Imports only: no tensor, no thread pool, no CUDA before the fork.
-
-    Every import in here, and in become_worker, is inside the function on purpose: a script's
-    worker must hold nothing of this project or of torch beyond what the script imports itself
-    under torchrun (tests/test_fidelity.py), so only the built-in trainer's branch loads them.
-    """
-    import gc
-
-    gc.disable()  # import-heavy: the collector would rescan millions of new objects (launcher.warmstart)
-    import torch  # noqa: F401
-
-    if kind == "trainer":  # the installed package's, never a folder put on sys.path (a user's trainers.py stays theirs)
-        import psutil  # noqa: F401
-        import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
-        import torch.nn.parallel  # noqa: F401
-
-        import launcher.trainers.train  # noqa: F401
-        import launcher.worker.trainer  # noqa: F401
-    gc.freeze()  # never scanned again; the pages stay shared with the forked workers
-    gc.enable()
 
 
 def reap(children: set, sock: socket.socket) -> None:

@@ -1,0 +1,296 @@
+"""A rank's progress from inside its worker: the watchdog's heartbeat file and stack dump, and a user script's
+steps as its optimizer steps show them (per-rank step records, launcher.log values). Stdlib only.
+
+A worker never imports this file: launcher.worker.bootstrap executes it into a namespace of its own, so a
+script's process holds no module of this project (the launcher imports it as launcher.worker.progress, for the
+paths and the format below). launcher.runtime.beats reads the heartbeat files <run_dir>/heartbeats/rank-<k> and
+stack dumps <run_dir>/stacks/rank-<k>.txt. One StepWatch per script worker is the global optimizer step post hook
+(torch.optim.optimizer.register_optimizer_step_post_hook) that beats for the watchdog and records steps.
+
+Per step it reads a clock, counts and keeps the interval (about a microsecond; bench/script_metrics.py). About
+once a second (FLUSH_S; also at the first step and at the end) it appends one record to
+<run_dir>/steps/rank-<k>.jsonl (its fields: launcher.steps.records), and rank 0 rewrites its attempt's goodput
+record (launcher.trainers.goodput's format).
+
+A step is a step of the first optimizer that steps (a GAN's two optimizers count once per iteration); when that
+optimizer is gone or stops while another steps, the other takes over.
+Samples come from the DataLoader the loop iterates (launcher/worker/loaders.py, executed into the same namespace
+first: WORKER_FILES).
+"""
+
+import errno
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import weakref
+
+FORMAT = 1
+WORKER_FILES = ("loaders.py", "progress.py")  # executed in this order into a worker's namespace (bootstrap spells it too)
+STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1  # launcher.runtime.beats
+STEPS_DIR = "steps"
+FLUSH_S = 1.0  # a record at most about this often
+BEAT_INTERVAL_S = 0.5  # launcher.runtime.beats.BEAT_INTERVAL_S
+GOODPUT_DIR, GOODPUT_RECORD_BYTES = "goodput", 1024  # launcher.trainers.goodput.DIR, RECORD_BYTES
+MB = 1024.0 * 1024.0
+
+
+def register_heartbeat(where: "dict | None") -> "str | None":
+    """Announce this rank to the node's watchdog (launcher.agent.watchdog) and arm the stack dump."""
+    if not where:
+        return None
+    run_dir, rank = where["run_dir"], where["rank"]
+    path = os.path.join(run_dir, "heartbeats", f"rank-{rank}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    record = {"rank": rank, "local_rank": where["local_rank"], "pid": os.getpid(), "host": socket.gethostname(),
+              "thread": __import__("threading").get_ident()}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record) + "\n")
+    os.utime(tmp, (0, 0))  # registered, never beat: not judged until the first heartbeat()
+    os.replace(tmp, path)
+    stacks = os.path.join(run_dir, "stacks", f"rank-{rank}.txt")
+    os.makedirs(os.path.dirname(stacks), exist_ok=True)
+    import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
+
+    global _stack_file
+    # kept open: faulthandler writes to its fd. Appending: the agent empties the file before each dump,
+    # and a plain fd would write the next dump at its old offset, after a run of NUL bytes.
+    _stack_file = open(stacks, "a")
+    _stack_file.truncate(0)
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    return path
+
+
+_stack_file = None
+
+
+def watch_steps(where: "dict | None", beat: "str | None", loader: object) -> "StepWatch | None":
+    """Steps without code changes: every optimizer step of any torch.optim optimizer beats (as heartbeat() does)
+    and, with `where`, is recorded: one global optimizer step post hook. A forked worker has torch from the zygote;
+    a spawned one imports torch.optim here, as the zygote would. The hook's handle is watch.handle."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # no torch, or one too old for the hook: only heartbeat() is progress
+        return None
+    watch = StepWatch(where, beat, time.time(), loader)
+    watch.handle = register_optimizer_step_post_hook(watch)
+    return watch
+
+
+def steps_file(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, STEPS_DIR, f"rank-{rank}.jsonl")
+
+
+def goodput_file(run_dir: str, launch: str, attempt: int) -> str:
+    return os.path.join(run_dir, GOODPUT_DIR, f"{launch}-attempt-{attempt}.json")
+
+
+class StepWatch:
+    """Called by torch after every optimizer step of the process (see the module docstring)."""
+
+    launcher_step_watch = True  # how launcher.runtime.log finds it among torch's global hooks
+
+    def __init__(self, where: "dict | None", beat: "str | None", started_at: float, loader: object) -> None:
+        self.beat, self.beat_at = beat, 0.0
+        self.where = where
+        self.rank = int(where["rank"]) if where else -1
+        self.started_at = started_at  # wall time the script's code started (the "launch" phase ends there)
+        self.step = self.flushed_step = 0
+        self.primary = None  # weakref to the optimizer whose steps count
+        self.primary_stepped = self.other_stepped = False
+        self.last_at = None  # perf_counter of the last step
+        self.first_at = None  # wall time of the first step
+        self.window_start = time.time()  # wall time: the last step of the previous window (or our start)
+        self.next_flush = 0.0
+        self.intervals = []
+        self.logged, self.per_rank, self.warned = {}, {}, set()
+        self.fd = None if where else -1
+        self.goodput_fd = None if where and self.rank == 0 and where.get("launch") else -1
+        self.loader = loader  # a loaders.Loader: the DataLoader's batches per step
+        self.wandb = bool(where and where.get("wandb") and self.rank == 0)
+
+    def __call__(self, optimizer: object, args: object, kwargs: object) -> None:
+        primary = self.primary() if self.primary is not None else None
+        if primary is not optimizer:
+            if primary is not None:
+                self.other_stepped = True
+                return
+            self.primary = weakref.ref(optimizer)
+        self.primary_stepped = True
+        now = time.perf_counter()
+        if self.last_at is None:
+            self.first_at = time.time()
+        else:
+            self.intervals.append(now - self.last_at)
+        self.last_at = now
+        self.step += 1
+        if now >= self.next_flush:
+            self.flush(now)
+        elif not self.loader.measured and self.loader.ref is not None:
+            self.loader.measure(self.step)
+        if self.beat and now - self.beat_at >= BEAT_INTERVAL_S:
+            self.beat_at = now
+            try:
+                os.utime(self.beat)
+            except OSError:
+                pass  # the run directory went away: nothing to watch any more
+
+    # ---- launcher.log
+
+    def log(self, values: dict, per_rank: bool) -> None:
+        """launcher.log: values for this step's record (rank 0's, or every rank's with per_rank)."""
+        if self.fd == -1 or (self.rank != 0 and not per_rank):
+            return
+        into = self.per_rank if per_rank else self.logged
+        for key, value in values.items():
+            if isinstance(value, (int, float)) or hasattr(value, "item"):
+                into[str(key)] = value
+            elif key not in self.warned:
+                self.warned.add(key)
+                print(f"launcher.log: {key!r} skipped: only numbers are recorded (it is a {type(value).__name__})",
+                      file=sys.stderr)
+
+    # ---- records
+
+    def flush(self, now: float, final: bool = False) -> None:
+        """Write this window's record (and rank 0's goodput record); start the next window."""
+        self.next_flush = now + FLUSH_S
+        if self.fd == -1:
+            return
+        wall = time.time()
+        end = wall - (now - self.last_at) if self.last_at is not None else wall  # the window's last step (not the end of
+        record = self.record(wall, end, final)                                 # a script that evaluates after training)
+        self.flushed_step, self.window_start = self.step, end
+        if self.wandb:
+            self.into_script_run(record)
+        self.write(record)
+        if self.goodput_fd != -1 and self.first_at is not None:
+            self.write_goodput(end)
+        if not self.primary_stepped and self.other_stepped:
+            self.primary = None  # its optimizer stopped while another steps: that one counts from now on
+        self.primary_stepped = self.other_stepped = False
+
+    def record(self, wall: float, end: float, final: bool) -> dict:
+        where = self.where
+        record = {"v": FORMAT, "rank": self.rank, "attempt": int(where.get("attempt", 0)), "launch": where.get("launch"),
+                  "t": wall, "step": self.step, "steps": self.step - self.flushed_step,
+                  "window_s": max(0.0, end - self.window_start)}
+        window, self.intervals = self.intervals, []
+        if window:
+            ordered = sorted(window)
+            record.update(step_time_s=sum(window) / len(window), step_time_s_median=ordered[len(ordered) // 2],
+                          step_time_s_max=ordered[-1])
+        if self.flushed_step == 0 and self.first_at is not None:
+            record["first_step_at"] = self.first_at
+        record.update(memory())
+        record.update(self.loader.window(self.step, record["steps"]))
+        if self.logged:
+            record["logged"], self.logged = plain(self.logged), {}
+        if self.per_rank:
+            record["per_rank"], self.per_rank = plain(self.per_rank), {}
+        if final:
+            record["final"] = True
+        return record
+
+    def write(self, record: dict) -> None:
+        try:
+            if self.fd is None:
+                self.fd = open_for_append(steps_file(self.where["run_dir"], self.rank))
+            os.write(self.fd, (json.dumps(record) + "\n").encode())
+        except (OSError, ValueError) as e:
+            self.stop_writing(e)
+
+    def write_goodput(self, at: float) -> None:
+        """launcher.trainers.goodput's attempt record, its loop ending at `at` (the last step): a script's steps count as
+        kept (it may keep checkpoints of its own)."""
+        record = {"first_step_at": self.first_at, "active_until": at, "start_step": 0, "step": self.step,
+                  "block_s": 0.0, "kept": {"step": self.step, "at": at, "block_s": 0.0},
+                  "marks": {"launch": self.started_at}}
+        data = json.dumps(record).encode()
+        try:
+            if self.goodput_fd is None:
+                where = self.where
+                self.goodput_fd = open_for_rewrite(goodput_file(where["run_dir"], where["launch"], int(where.get("attempt", 0))))
+            os.pwrite(self.goodput_fd, data.ljust(GOODPUT_RECORD_BYTES), 0)
+        except (OSError, ValueError) as e:
+            self.stop_writing(e)
+
+    def stop_writing(self, e: Exception) -> None:
+        """A full disk (or a vanished run directory) stops the records, never the training; said once."""
+        self.fd = self.goodput_fd = -1
+        why = "its disk is full" if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else str(e)
+        print(f"launcher: step metrics of rank {self.rank} stop here ({why}); training goes on", file=sys.stderr)
+
+    def into_script_run(self, record: dict) -> None:
+        """The script's own W&B run gets the launcher's figures under launcher/ (commit=False: its step axis is its own)."""
+        wandb = sys.modules.get("wandb")
+        run = getattr(wandb, "run", None) if wandb is not None else None
+        if run is None:
+            return
+        record["wandb"] = {"id": str(getattr(run, "id", "")), "project": str(getattr(run, "project", "")),
+                           "name": str(getattr(run, "name", ""))}
+        figures = {f"launcher/{k}": record[k] for k in ("step_time_s", "rss_mb", "cuda_peak_mb") if k in record}
+        if record.get("window_s") and record["steps"]:
+            figures["launcher/steps_per_s"] = record["steps"] / record["window_s"]
+            if record.get("samples") is not None:
+                figures["launcher/samples_per_s"] = record["samples"] / record["window_s"]
+        try:
+            run.log(figures, commit=False)
+        except Exception:  # noqa: BLE001  (wandb raises many types; the script's run is the script's)
+            self.wandb = False
+
+    def close(self) -> None:
+        """The script returned: the last window, marked final."""
+        if self.fd != -1 and (self.step or self.logged or self.per_rank):
+            self.flush(time.perf_counter(), final=True)
+        for fd in (self.fd, self.goodput_fd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self.fd = self.goodput_fd = -1
+
+
+def memory() -> dict:
+    """This process's resident memory and its peak (Linux /proc), and CUDA's when CUDA is in use."""
+    out = {}
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"VmRSS:", b"VmHWM:")):
+                    out["rss_mb" if line.startswith(b"VmRSS") else "rss_peak_mb"] = int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            out["cuda_mb"] = torch.cuda.memory_allocated() / MB
+            out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / MB
+    except Exception:  # noqa: BLE001  (a CUDA error belongs to the script's own next call)
+        pass
+    return out
+
+
+def plain(values: dict) -> dict:
+    """Numbers only (tensors and NumPy scalars through .item(), once a window); non-finite kept as None."""
+    out = {}
+    for key, value in values.items():
+        try:
+            number = value.item() if hasattr(value, "item") else value
+            number = float(number) if isinstance(number, bool) or not isinstance(number, int) else number
+        except Exception:  # noqa: BLE001  (an .item() that fails is the script's business, not the record's)
+            continue
+        out[key] = number if number == number and number not in (float("inf"), float("-inf")) else None
+    return out
+
+
+def open_for_append(path: str) -> int:
+    """Create or append, never through a symlink (a shared output folder: README, Security)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+
+
+def open_for_rewrite(path: str) -> int:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
