@@ -29,7 +29,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.helpers import QUICK, group_processes, launcher_env  # noqa: E402  (after the sys.path line, on purpose)
+from tests.helpers import QUICK, descendants, group_processes, launcher_env, wait_gone  # noqa: E402  (after the sys.path line, on purpose)
 
 SHAPES: Dict[str, List[str]] = {
     "trainer": ["--gpus", "2", "trainer.steps=300", *QUICK],
@@ -54,6 +54,7 @@ def launch_once(shape: str, delay: float, group: bool, timeout: float) -> Outcom
         proc = subprocess.Popen(argv, cwd=tmp, env=launcher_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         time.sleep(delay)
+        started = descendants(proc.pid)  # workers lead their own process groups, outside the launcher's
         try:
             if group:
                 os.killpg(proc.pid, signal.SIGINT)
@@ -67,8 +68,7 @@ def launch_once(shape: str, delay: float, group: bool, timeout: float) -> Outcom
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             return Outcome(shape, delay, -1, "bug: hung", out[-600:])
-        time.sleep(0.5)  # PR_SET_PDEATHSIG kills are asynchronous
-        left = group_processes(proc.pid)
+        left = wait_gone(group_processes(proc.pid) + started, timeout=2)  # PR_SET_PDEATHSIG kills are asynchronous
         for p in left:
             try:
                 p.kill()

@@ -22,9 +22,10 @@ class LaunchError(LauncherError):
 class WorkerFailedError(LauncherError):
     """One or more workers failed; the message names the ranks and their errors."""
 
-    def __init__(self, message: str, restarts: int = 0) -> None:
+    def __init__(self, message: str, restarts: int = 0, root_cause: "dict | None" = None) -> None:
         super().__init__(message)
         self.restarts = restarts  # restarts made before the job gave up
+        self.root_cause = root_cause  # the rank that failed first: summary.json's "root_cause" (launcher.agent.failures)
 
 
 class RendezvousError(LauncherError):

@@ -11,6 +11,11 @@ can read. So, in order:
 - ``deferred()``: while it makes the run directory, a signal is recorded, not raised.
 - ``release()``: from here the backends clean up after an Interrupted (a KeyboardInterrupt) themselves;
   a signal recorded before is raised now.
+- ``recording()``: once torch's agent has returned, a signal is recorded again: the handlers it leaves
+  behind (torch's, raising its SignalException) would raise anywhere, in the middle of summary.json or
+  in an atexit handler, as a traceback.
+- ``conclude()``: the command has its exit code; a signal recorded before is raised now, to end in the
+  one "interrupted" line, and any later one is dropped: the exit only waits for the zygote to end.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator  # not typing: it would add to what loads before the hold
+from collections.abc import Callable, Iterator  # not typing: it would add to what loads before the hold
 
 from launcher.errors import Interrupted
 
@@ -26,7 +31,7 @@ HELD: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP
 
 
 class _State:
-    mode = "off"  # off: raise | exit: end the process at once | record: keep for release()
+    mode = "off"  # off: raise | exit: end the process at once | record: keep for release() | quiet: drop
     pending: int | None = None  # the first signal that came while recording
 
 
@@ -34,7 +39,7 @@ def _held(signum: int, _frame: object) -> None:
     if _State.mode == "exit":
         os.write(2, b"interrupted\n")
         os._exit(128 + signum)  # not sys.exit: SystemExit inside an import is as bad as KeyboardInterrupt
-    if _State.pending is None:
+    if _State.pending is None and _State.mode == "record":
         _State.pending = signum
 
 
@@ -44,7 +49,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 def hold() -> None:
     """From now on until release(), a stop signal ends the process at once (nothing to undo yet)."""
-    if _State.mode != "off":
+    if _State.mode not in ("off", "quiet"):
         return
     _State.mode = "exit"
     for sig in HELD:
@@ -69,6 +74,36 @@ def release() -> None:
     signum, _State.pending = _State.pending, None
     if signum is not None:
         raise Interrupted(signum)
+
+
+def recording() -> None:
+    """From now on a stop signal is recorded, for conclude() to raise (see the module's docstring)."""
+    _State.mode = "record"
+    late = _handle_with(_held)
+    if _State.pending is None:
+        _State.pending = late
+
+
+def conclude() -> None:
+    """The command has its exit code: a signal recorded before is raised now; from now on one is dropped."""
+    signum, _State.pending = _State.pending, None
+    _State.mode = "quiet"
+    late = _handle_with(_held)
+    if signum is not None or late is not None:
+        raise Interrupted(signum or late or signal.SIGINT)
+
+
+def _handle_with(handler: Callable[[int, object], None]) -> int | None:
+    """Install handler for every stop signal; a signal pending under the handler before it (whose raise
+    signal.signal runs first, Python's KeyboardInterrupt or torch's SignalException) is returned, not raised."""
+    caught = None
+    for sig in HELD:
+        try:
+            signal.signal(sig, handler)
+        except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001  (the one before, raised by its handler)
+            signal.signal(sig, handler)
+            caught = caught or int(getattr(e, "sigval", signal.SIGINT))
+    return caught
 
 
 @contextlib.contextmanager

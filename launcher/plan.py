@@ -98,12 +98,24 @@ def choose_start_method(cfg: Config) -> Tuple[str, str]:
 
 def check_cpu_workers(cfg: Config, hw: Hardware, workers: int) -> None:
     """CPU workers share this machine's cores: past a few per core a job only thrashes (or exhausts memory)."""
-    here = workers * (cfg.nodes if launch_mode(cfg) == "simulated" else 1)  # simulated nodes all run here
+    here = workers_here(cfg, workers)
     limit = max(MIN_CPU_WORKER_LIMIT, CPU_WORKERS_PER_CORE * hw.cpu_cores)
     if here > limit:
         raise ConfigError(
             f"{here} CPU workers on this machine (no CUDA device, {hw.cpu_cores} cores) is more than "
             f"{limit} ({CPU_WORKERS_PER_CORE} per core): use --gpus {min(workers, hw.cpu_cores)}, or run where the GPUs are")
+
+
+def workers_here(cfg: Config, per_node: int) -> int:
+    """The workers this machine runs: a simulated job's nodes all run here."""
+    return per_node * (cfg.nodes if launch_mode(cfg) == "simulated" else 1)
+
+
+def job_workers(nodes: int, per_node: int, what: str = "CPU worker") -> str:
+    """The job's worker count, and per node when there are several: '2 CPU workers (2 nodes x 1)'."""
+    total = nodes * per_node
+    counted = f"{total} {what}{'' if total == 1 else 's'}"
+    return f"{counted} ({nodes} nodes x {per_node})" if nodes > 1 else counted
 
 
 def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional[str]]:
@@ -112,8 +124,9 @@ def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional
         return cfg.launcher.omp_threads, None
     if hw.omp_threads_env:
         return hw.omp_threads_env, None
-    omp = max(1, hw.cpu_cores // workers)
-    return omp, (f"OMP_NUM_THREADS={omp} per worker ({hw.cpu_cores} cores / {workers} workers); "
+    here = workers_here(cfg, workers)
+    omp = max(1, hw.cpu_cores // here)
+    return omp, (f"OMP_NUM_THREADS={omp} per worker ({hw.cpu_cores} cores / {here} workers on this machine); "
                  "export OMP_NUM_THREADS or set launcher.omp_threads to choose")
 
 
@@ -147,14 +160,13 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
     else:
         device_type, backend = "cpu", "gloo"
         check_cpu_workers(cfg, hw, workers)
-        noun = "worker" if workers == 1 else "workers"
-        notices.append(f"no CUDA device: running {workers} CPU {noun} with gloo")
+        notices.append(f"no CUDA device: running {job_workers(cfg.nodes, workers)} with gloo")
     notices.extend(check_device_features(cfg, device_type))
     if workers != cfg.gpus:
         devices = f"its {cfg.gpus} GPUs" if device_type == "cuda" else "the one CPU device (no GPU here)"
         notices.append(f"trainer.strategy={cfg.trainer.strategy} runs 1 process per node driving {devices}")
     omp, omp_notice = thread_count(cfg, hw, workers)
-    if omp_notice and workers > 1:
+    if omp_notice and workers_here(cfg, workers) > 1:
         notices.append(omp_notice)
     start_method, why = choose_start_method(cfg)
     return LaunchPlan(

@@ -19,7 +19,7 @@ from launcher.config.schema import Config, MetricsConfig, to_yaml
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
-from launcher.plan import LaunchPlan
+from launcher.plan import LaunchPlan, job_workers
 from launcher.provenance import capture
 from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
@@ -129,7 +129,7 @@ def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Lo
         log.info(notice)
     if plan.start_method == "spawn":
         log.info(plan.start_method_reason)
-    log.info(f"run {plan.run_id}: {plan.world_size} workers ({plan.nodes} node x {plan.workers_per_node}), "
+    log.info(f"run {plan.run_id}: {job_workers(plan.nodes, plan.workers_per_node, 'worker')}, "
              f"{plan.backend}, start method {plan.start_method}; run directory {run_dir}")
     return log
 

@@ -91,10 +91,11 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
         "restarts": int(summary.get("restarts") or 0) if finished else attempts_so_far(here),
         "started": started,
         "age_s": max(0.0, now - started) if started else None,
-        "command": next_command(here, status, kind, "checkpoints" in names),
+        "command": next_command(here, status, kind, "checkpoints" in names, failed_rank(summary, status)),
         "updated": _mtime(os.path.join(here, "metrics.jsonl")) or started,
         "world_size": summary.get("world_size") or plan.get("world_size"),
         "error": first_line(summary.get("error")) if status in ("failed", "interrupted") else None,
+        "failed_rank": failed_rank(summary, status),
         "holders": [f"{h.host}:{h.pid}" for h in holders],
     }
     if job:
@@ -176,8 +177,16 @@ def attempts_so_far(run_dir: str) -> int:
         return 0
 
 
-def next_command(run_dir: str, status: str, kind: str, has_checkpoints: bool) -> str:
-    """What to type next: follow a running job, resume a stopped one, read a finished one's logs."""
+def failed_rank(summary: Dict[str, Any], status: str) -> Optional[int]:
+    """The rank a failed run's agent found failed first (summary.json's root_cause), not rank 0's knock-on error."""
+    cause = summary.get("root_cause") if status == "failed" else None
+    rank = cause.get("rank") if isinstance(cause, dict) else None
+    return rank if isinstance(rank, int) else None
+
+
+def next_command(run_dir: str, status: str, kind: str, has_checkpoints: bool, failed: Optional[int] = None) -> str:
+    """What to type next: follow a running job, resume a stopped one, read a finished one's logs (a failed
+    one's from the rank that failed first)."""
     where = shlex.quote(run_dir)
     if kind == "slurm" and status == "unknown":
         return f"python -m launcher status {where}"  # queued, or lost: only the scheduler knows
@@ -185,7 +194,7 @@ def next_command(run_dir: str, status: str, kind: str, has_checkpoints: bool) ->
         return f"python -m launcher logs {where} -f"
     if status in ("failed", "interrupted", "dead") and has_checkpoints:
         return f"python -m launcher resume {where}"
-    return f"python -m launcher logs {where}"
+    return f"python -m launcher logs {where}" + (f" --rank {failed}" if failed is not None else "")
 
 
 def sweep_row(sweep_dir: Path, now: float) -> Dict[str, Any]:

@@ -164,7 +164,7 @@ def with_error_contract(call: Callable[[], int]) -> int:
     """User errors and interrupts end in one line and an exit code; only bugs show a traceback."""
     try:
         code = int(call())
-        interrupts.release()  # a Ctrl-C held through a short command (--dry-run, --show-config) still counts
+        interrupts.conclude()  # one recorded as the run finished (or held through --dry-run) still counts; later ones do not
         return code
     except SystemExit as e:  # argparse already printed its one line (or --help)
         return int(e.code or 0) if not isinstance(e.code, str) else 2

@@ -57,6 +57,17 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for sig (/proc's SigCgt mask): the launcher's first line has run once it
+    catches SIGHUP, which Python leaves alone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(mask >> (sig - 1) & 1)
+
+
 def descendants(pid: int) -> List[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)

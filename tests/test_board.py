@@ -94,7 +94,7 @@ def test_only_files_under_the_output_directory_are_served(runs, tmp_path):
     try:
         with board(runs) as (url, _):
             assert get(f"{url}/api/run?path=done")[0] == 200
-            assert "[rank 1]" in get(f"{url}/api/logs?path=done&rank=all")[1].decode()
+            assert "[rank1]: " in get(f"{url}/api/logs?path=done&rank=all")[1].decode()
             for path in ("..", f"../{secret.name}", str(secret), "link-out", "done/../..", "%2e%2e", "done/../../etc"):
                 for api in ("run", "logs"):
                     status, body = get(f"{url}/api/{api}?path={path}")
@@ -161,9 +161,9 @@ def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
         assert page.inner_text("#step") == "step 20/20" and "completed" in page.inner_text("#status")
         assert page.locator("#heatmap .hm").count() == 1 and page.locator("#loss .scatterlayer .trace").count() == 1
         page.click("#logs-link")
-        page.wait_for_function("(document.querySelector('#log')?.textContent || '').includes('[rank 1]')")
+        page.wait_for_function("(document.querySelector('#log')?.textContent || '').includes('[rank1]: ')")
         log = page.inner_text("#log")
-        assert "[rank 0] step 20/20" in log and "[rank 1] rank 1/2" in log
+        assert "[rank0]: step 20/20" in log and "[rank1]: rank 1/2" in log
         page.click("button[data-rank='1']")
         page.wait_for_function("(document.querySelector('#log')?.textContent || '').startsWith('rank 1/2')")
         assert "rank 0/2" not in page.inner_text("#log")

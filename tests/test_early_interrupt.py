@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from tests.helpers import QUICK, REPO, descendants, group_processes, kill_group, launcher_env, read_summary, wait_gone
+from tests.helpers import QUICK, REPO, catches, descendants, group_processes, kill_group, launcher_env, read_summary, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -24,16 +24,6 @@ SHAPES = {
     "trainer": ["--gpus", "2", "trainer.steps=300", *QUICK],
     "script": ["--gpus", "2", str(REPO / "tests" / "scripts" / "stress_ddp_tutorial.py")],
 }
-
-
-def catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for sig (/proc's SigCgt mask)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(mask >> (sig - 1) & 1)
 
 
 def wait_for_the_launchers_first_line(pid: int) -> None:
@@ -72,12 +62,13 @@ def interrupt_once(tmp: Path, shape: str, delay: float, whole_group: bool,
             assert time.monotonic() < deadline, "the launch never got there"
             time.sleep(0.005)
         time.sleep(delay)
+        started = descendants(proc.pid)  # workers lead their own process groups, outside the launcher's
         if whole_group:
-            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the zygote and workers too
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the launcher and its zygote
         else:
             proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-        left = wait_gone(group_processes(proc.pid), timeout=5)
+        left = wait_gone(group_processes(proc.pid) + started, timeout=5)
     finally:
         kill_group(proc)
     what = f"{shape}, SIGINT {delay:.2f}s after start{' to the group' if whole_group else ''}:\n{out}"

@@ -4,6 +4,7 @@ A real two-rank run whose ranks take turns printing (so only the arrival times c
 in order), followed with -f while it runs; a restarted rank's attempts in order; bad input.
 """
 
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +69,42 @@ def test_all_ranks_interleave_in_time_order_and_follow_ends_with_the_run(tmp_pat
     assert grep.splitlines() == turns[2:]
     one_line_error(run_launcher(["logs", str(runs / "turns"), "--rank", "2"], cwd=tmp_path, timeout=60),
                    "--rank 2 is out of range: run turns has ranks 0-1")
+
+
+MIXED_SCRIPT = """
+import os, sys, time
+from tqdm import tqdm
+rank = int(os.environ["RANK"])
+print(f"[rank{rank}]: a warning torch prefixed itself", file=sys.stderr, flush=True)
+time.sleep(0.1)
+for i in tqdm(range(12), desc=f"bar {rank}", mininterval=0, ascii=True, ncols=60):
+    time.sleep(0.03)
+    if i % 4 == 0:
+        print(f"rank {rank} print {i}", flush=True)
+time.sleep(0.1)
+sys.stdout.write(f"rank {rank} ends without a newline")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_all_ranks_show_one_prefix_per_line_and_a_bar_at_its_last_state(tmp_path):
+    script = tmp_path / "mixed.py"
+    script.write_text(MIXED_SCRIPT)
+    done = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "run_id=mixed", str(script)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run_launcher(["logs", str(tmp_path / "runs" / "mixed"), "--all"], cwd=tmp_path, timeout=60).stdout
+    assert "\r" not in shown and shown.endswith("\n")
+    lines = shown.splitlines()
+    assert all(re.fullmatch(r"\[rank[01]\]: (?!.*\[rank).*", line) for line in lines), lines  # one prefix, at the start
+    for rank in (0, 1):
+        mine = [line.split(": ", 1)[1] for line in lines if line.startswith(f"[rank{rank}]: ")]
+        assert mine[:4] == ["a warning torch prefixed itself", *(f"rank {rank} print {i}" for i in (0, 4, 8))], mine
+        assert re.fullmatch(rf"bar {rank}: 100%\|#+\| 12/12 \[.*\]", mine[4]), mine  # its updates: only the last
+        assert mine[5:] == [f"rank {rank} ends without a newline"], mine
+    # the log files stay byte for byte what the ranks wrote: the bar's updates and all
+    log = (tmp_path / "runs" / "mixed" / "logs" / "rank-1.log").read_bytes()
+    assert log.count(b"\r") >= 12 and log.startswith(b"[rank1]: a warning") and log.endswith(b"without a newline")
 
 
 def test_a_restarted_rank_prints_its_attempts_in_order(tmp_path):

@@ -20,6 +20,17 @@ def test_cpu_box_runs_gloo_workers_and_says_so():
     assert "no CUDA device: running 2 CPU workers with gloo" in plan.notices
 
 
+def test_the_worker_count_announced_is_the_jobs_with_the_count_per_node():
+    # a 2-worker job said "running 1 CPU worker" (its count per node)
+    simulated = plan_for(["nodes=2", "gpus=1"])
+    assert "no CUDA device: running 2 CPU workers (2 nodes x 1) with gloo" in simulated.notices
+    one_of_two_machines = plan_for(["nodes=2", "gpus=2", "rdzv.node_rank=1", "rdzv.master_addr=10.0.0.1"])
+    assert "no CUDA device: running 4 CPU workers (2 nodes x 2) with gloo" in one_of_two_machines.notices
+    # the simulated nodes share this machine's cores; one machine of two has its own
+    assert any("(2 cores / 4 workers on this machine)" in n for n in plan_for(["nodes=2", "gpus=2"], Hardware(0, 2)).notices)
+    assert any("(2 cores / 2 workers on this machine)" in n for n in one_of_two_machines.notices)
+
+
 def test_cuda_box_uses_nccl_and_refuses_more_gpus_than_visible():
     plan = plan_for(["gpus=2"], Hardware(cuda_devices=4, cpu_cores=16))
     assert (plan.device_type, plan.backend) == ("cuda", "nccl") and not any("CPU" in n for n in plan.notices)

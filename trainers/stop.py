@@ -1,7 +1,7 @@
 """Stop requests: a signal sets a flag, the loop checkpoints and stops at the next step boundary.
 
-Ctrl-C / SIGTERM reach every worker (the terminal signals the whole group; the agent forwards
-SIGTERM). A handler only sets a flag, because a collective cannot be left half-done; the ranks
+Ctrl-C / SIGTERM reach every worker through the agent, which forwards the signal it got to each
+worker's process group (workers lead their own, as torchrun's do: launcher.worker.bootstrap). A handler only sets a flag, because a collective cannot be left half-done; the ranks
 agree on it at a step boundary (``StepSignals.exchange``, one step after it arrived), save a
 checkpoint and return. A worker that does not get there within the grace period exits anyway,
 and a second signal exits at once.
@@ -54,8 +54,8 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.signum is not None:
-            # Ctrl-C reaches the worker twice: from the terminal and forwarded by the agent, within
-            # milliseconds. Only a later one is the user insisting.
+            # A stop can reach the worker twice within milliseconds (the agent's, and one sent to the worker's
+            # group by someone else): only a later one is the user insisting.
             if time.monotonic() - self._requested_at > REPEAT_WINDOW_S:
                 os._exit(128 + signum)
             return

@@ -113,6 +113,17 @@ def failure_reason(failure: Any) -> str:
     return f"exit code {failure.exitcode}: {first}"
 
 
+def root_cause_record(plan: LaunchPlan, failures: Dict[int, Any], attempt: int) -> Dict[str, Any]:
+    """summary.json's "root_cause": the rank that failed first, its attempt, and its log and error file
+    relative to the run directory, so that ls, logs and the board lead with it rather than with rank 0."""
+    rank, failure = root_cause(failures)
+    log_path = rank_log(plan, rank, attempt)
+    record: Dict[str, Any] = {"rank": rank, "attempt": attempt, "log": str(log_path.relative_to(plan.run_dir))}
+    if readable_error_file(failure.error_file or ""):
+        record["error_file"] = os.path.relpath(failure.error_file, plan.run_dir)
+    return record
+
+
 def rank_log(plan: LaunchPlan, rank: int, attempt: int) -> Path:
     suffix = "" if attempt == 0 else f".attempt-{attempt}"
     return Path(plan.run_dir) / "logs" / f"rank-{rank}{suffix}.log"

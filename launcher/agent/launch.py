@@ -20,7 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from launcher.agent import elastic_fixes, signed_rdzv
 from launcher.agent.elastic import agent_installed, launcher_worker
 from launcher.errors import RendezvousAuthError, RendezvousError, WorkerFailedError
-from launcher.agent.failures import FailureWatch, failure_reason, rank_log, root_cause
+from launcher.agent.failures import FailureWatch, failure_reason, rank_log, root_cause, root_cause_record
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.config.rendezvous import rdzv_configs
 from launcher.plan import LaunchPlan
@@ -85,7 +85,8 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
             results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)(),
                                   announce=(plan.node_rank or 0) == 0, peers=peers)
     except ChildFailedError as e:
-        raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts) from e
+        raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts,
+                                root_cause=root_cause_record(plan, watch.last or e.failures, agent.restarts)) from e
     except signed_rdzv.UnsignedStateError as e:
         raise RendezvousAuthError(str(e)) from None
     except TorchRendezvousError as e:
@@ -128,7 +129,7 @@ def describe_failure(error: Any, plan: LaunchPlan, failures: Optional[Dict[int, 
     failures = failures or error.failures
     rank, failure = root_cause(failures)
     others = sorted(r for r in failures if r != rank)
-    also = f" (ranks {', '.join(map(str, others))} failed too)" if others else ""
+    also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed too)" if others else ""
     reason = failure_reason(failure)
     if ":" not in reason and nearly_full(Path(plan.run_dir)):  # no error recorded: its error file may not fit either
         reason += f" (the run directory's disk is full: {free_space(Path(plan.run_dir))} free)"

@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from launcher.agent.failures import readable_error_file
 from launcher.agent.streams import OutputRouter
 from launcher.agent.zygote import BOOTSTRAP, Zygote
+from launcher.interrupts import blocked_for_child
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 
 log = logging.getLogger("launcher")
@@ -137,10 +138,11 @@ class WorkerProcesses(PContext):
 
     def _fresh(self, spec: Dict[str, Any], env: Dict[str, str], out_w: int, err_w: int, status_w: int) -> subprocess.Popen:
         spec_r, spec_w = os.pipe()
-        popen = subprocess.Popen(
-            [sys.executable, "-u", BOOTSTRAP, "worker", str(spec_r), str(os.getpid())],
-            env=env, cwd=self.job.cwd, stdout=out_w, stderr=err_w, pass_fds=(spec_r, status_w), close_fds=True,
-        )
+        with blocked_for_child():  # a Ctrl-C to the group during its interpreter's start would print a traceback
+            popen = subprocess.Popen(
+                [sys.executable, "-u", BOOTSTRAP, "worker", str(spec_r), str(os.getpid())],
+                env=env, cwd=self.job.cwd, stdout=out_w, stderr=err_w, pass_fds=(spec_r, status_w), close_fds=True,
+            )
         os.close(spec_r)
         with os.fdopen(spec_w, "w") as f:
             json.dump({"spec": spec, "fds": [1, 2, status_w]}, f)
@@ -262,6 +264,13 @@ def running_worker_pids() -> list:
 
 
 def _signal(pid: int, signum: int) -> None:
+    """The worker's process group (it leads its own, as torchrun's do: its data loader workers too), or the worker
+    alone in the instant before it made its group (launcher.worker.bootstrap.become_worker)."""
+    try:
+        os.killpg(pid, signum)
+        return
+    except ProcessLookupError:
+        pass
     try:
         os.kill(pid, signum)
     except ProcessLookupError:

@@ -8,8 +8,10 @@ thread of the agent reads them all:
   ``--tee`` would, but never a prefix in the middle of a line and never two (torch's own warnings
   already start with ``[rank<k>]:``);
 - a status line ``done CODE`` records when the rank's script returned, and with what code;
-- ``logs/rank-<k>.log.times`` records when the log's bytes arrived: ``OFFSET UNIX_TIME`` per line,
-  at most one every TIMES_EVERY_S, so `logs --all` can interleave the ranks after the fact.
+- ``logs/rank-<k>.log.times`` records when the log's bytes arrived and from which stream:
+  ``OFFSET UNIX_TIME out|err`` per line, at most one every TIMES_EVERY_S unless the stream changes, so
+  `logs --all` can interleave the ranks after the fact and keep a print apart from a progress bar
+  drawn on the other stream (launcher.agent.ranklog).
 """
 
 from __future__ import annotations
@@ -31,18 +33,20 @@ TIMES_SUFFIX = ".times"
 
 @dataclass
 class _ArrivalTimes:
-    """rank-<k>.log.times: the log's offset and the wall time whenever bytes arrive after a pause."""
+    """rank-<k>.log.times: the log's offset, the wall time and the stream whenever bytes arrive after a pause
+    or from the other stream."""
 
     file: Optional[BinaryIO]
     last: float = 0.0
+    kind: str = ""
 
-    def note(self, offset: int) -> None:
+    def note(self, offset: int, kind: str) -> None:
         now = time.time()
-        if self.file is None or now - self.last < TIMES_EVERY_S:
+        if self.file is None or (now - self.last < TIMES_EVERY_S and kind == self.kind):
             return
-        self.last = now
+        self.last, self.kind = now, kind
         try:
-            self.file.write(f"{offset} {now:.3f}\n".encode())
+            self.file.write(f"{offset} {now:.3f} {kind}\n".encode())
         except OSError:  # a full disk: the log matters more than its times
             self.file = None
 
@@ -76,6 +80,7 @@ class OutputRouter(threading.Thread):
         self._times: Dict[int, _ArrivalTimes] = {}  # by id() of the log file object
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._row = ConsoleRow()
 
     def add(self, rank: int, stdout_fd: int, stderr_fd: int, status_fd: int, log_path: str) -> None:
         log = open(log_path, "ab", buffering=0)
@@ -118,7 +123,7 @@ class OutputRouter(threading.Thread):
             return
         if source.log is not None:
             try:
-                self._times[id(source.log)].note(source.log.tell())
+                self._times[id(source.log)].note(source.log.tell(), source.kind)
                 source.log.write(chunk)
             except OSError:  # a full disk: the console still shows the rank, and its error names the disk
                 source.log = None
@@ -150,21 +155,9 @@ class OutputRouter(threading.Thread):
         source.pending = b""
 
     def _emit(self, source: _Source, pieces: List[bytes]) -> None:
-        prefix = f"[rank{source.rank}]: ".encode()
-        own = f"[rank{source.rank}]:".encode()
-        out = b"".join(p if p.startswith(own) else prefix + p for p in pieces)
-        stream = sys.stdout if source.kind == "out" else sys.stderr
-        try:
-            stream.flush()
-            target = getattr(stream, "buffer", None)
-            if target is not None:
-                target.write(out)
-                target.flush()
-            else:
-                stream.write(out.decode(errors="replace"))
-                stream.flush()
-        except (OSError, ValueError):
-            pass  # the console went away (a closed pipe): the log file still has everything
+        for piece in pieces:
+            self._row.show(source.kind, rank_prefixed(source.rank, piece))
+        self._row.write()
 
     def finish(self, timeout: float = DRAIN_S) -> None:
         """Wait (bounded) for the pipes to end, then stop reading and close the log files."""
@@ -187,6 +180,75 @@ class OutputRouter(threading.Thread):
                 log.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+class ConsoleRow:
+    """Writes the ranks' pieces to the console so that a progress bar's row never mixes with what follows.
+
+    A bar's update ends in \\r: the terminal's cursor goes back to the start of the row the bar still fills,
+    and whatever comes next (another rank's line or bar, this rank's print on the other stream) would overwrite
+    it only as far as it reaches, leaving the rest of the bar behind it. So the next piece is padded with spaces
+    to the bar's width (on the bar's stream, as tqdm pads its own updates), or, on the other stream, the row is
+    blanked first on the bar's stream. Under torchrun the next piece is glued to the bar instead.
+    """
+
+    def __init__(self) -> None:
+        self.stream = ""  # the stream of the row a bar left open ("" when none is)
+        self.width = 0  # how many characters of it are showing
+        self._queued: List[Tuple[str, List[bytes]]] = []  # (stream, pieces) in order, for write()
+
+    def show(self, kind: str, piece: bytes) -> None:
+        """Queue piece for its stream (write() writes the queue: one write per run of one stream's pieces)."""
+        if self.width and kind == self.stream:
+            piece = _padded(piece, self.width)
+        elif self.width:
+            self._queue(self.stream, b" " * self.width + b"\r")
+        ends_row = piece.endswith(b"\n")
+        self.stream, self.width = ("", 0) if ends_row else (kind, _shown_width(piece))
+        self._queue(kind, piece)
+
+    def _queue(self, kind: str, data: bytes) -> None:
+        if self._queued and self._queued[-1][0] == kind:
+            self._queued[-1][1].append(data)
+        else:
+            self._queued.append((kind, [data]))
+
+    def write(self) -> None:
+        for kind, pieces in self._queued:
+            _write(kind, b"".join(pieces))
+        self._queued = []
+
+
+_ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # colours and cursor moves take no room on the row
+
+
+def _shown_width(piece: bytes) -> int:
+    return len(_ESCAPE.sub(b"", piece.rstrip(b"\r\n")).decode("utf-8", errors="replace"))
+
+
+def _padded(piece: bytes, width: int) -> bytes:
+    body = piece.rstrip(b"\r\n")
+    return body + b" " * max(0, width - _shown_width(body)) + piece[len(body):]
+
+
+def _write(kind: str, data: bytes) -> None:
+    stream = sys.stdout if kind == "out" else sys.stderr
+    try:
+        stream.flush()
+        target = getattr(stream, "buffer", None)
+        if target is not None:
+            target.write(data)
+            target.flush()
+        else:
+            stream.write(data.decode(errors="replace"))
+            stream.flush()
+    except (OSError, ValueError):
+        pass  # the console went away (a closed pipe): the log file still has everything
+
+
+def rank_prefixed(rank: int, line: bytes) -> bytes:
+    """The console's ``[rank<k>]: `` before a line, unless it starts with torch's own ``[rank<k>]:`` already."""
+    return line if line.startswith(b"[rank%d]:" % rank) else b"[rank%d]: " % rank + line
 
 
 _SEGMENT = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r(?=[^\n]))")

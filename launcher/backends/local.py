@@ -55,8 +55,13 @@ def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optio
     base = summary_base(cfg, plan)
     try:
         interrupts.release()  # the run directory is whole: a Ctrl-C held until now is recorded below
-        results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
+        try:
+            results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
+        finally:
+            interrupts.recording()  # the agent is done: a signal now waits for the summary (launcher.interrupts)
     except LauncherError as e:
+        if isinstance(e, WorkerFailedError) and e.root_cause:
+            base["root_cause"] = e.root_cause  # what ls, logs and the board lead with
         summary = finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started,
                             error=str(e), restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
         if summary.get("status") == "hung" and summary.get("error") not in (None, str(e)):

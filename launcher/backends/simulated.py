@@ -181,7 +181,7 @@ def _what_the_nodes_knew(summary_path: Path, started: float) -> Dict[str, Any]:
         written = read_json(summary_path)
     except (OSError, ValueError):
         return {}
-    return {k: written[k] for k in ("node_list", "world_size", "gpus_per_node", "restarts") if k in written}
+    return {k: written[k] for k in ("node_list", "world_size", "gpus_per_node", "restarts", "root_cause") if k in written}
 
 
 def _how_it_ended(code: int) -> str:

@@ -10,6 +10,7 @@ logs/rank-K.log and logs/launcher.log; its status and step target come from the 
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 import time
@@ -17,6 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.agent.ranklog import RankLog, rank_lines
 from launcher.runindex import run_row
 
 SERIES = ("loss", "samples_per_s", "step_time_s")
@@ -24,6 +26,7 @@ HEATMAP_COLUMNS = 200  # the newest log steps in the heatmap: enough to see a st
 EVENT_LEVELS = re.compile(r" (WARNING|ERROR|CRITICAL) ")
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 MAX_LOG_LINES = 2000
+FAILURE_LOG_LINES = 40  # of a failed rank's log, where it recorded no error file: its traceback is at the end
 
 
 def inside(root: Path, rel: str) -> Optional[Path]:
@@ -76,8 +79,12 @@ def _launch_and_attempt(path: Path) -> tuple:
     return (int(launch) if launch.isdigit() else 0, int(attempt) if attempt.isdigit() else 0)
 
 
-def restarts_and_events(run_dir: Path, restarts: int) -> tuple:
-    """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings."""
+def failure_events(run_dir: Path) -> List[Dict[str, Any]]:
+    """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings.
+
+    Not a restart count: a run that fails on its last attempt has one failure record more than restarts,
+    and a resumed run keeps its earlier launches' records; the count is the run index's (summary.json's
+    "restarts", the agent's own count)."""
     events: List[Dict[str, Any]] = []
     failures = sorted((run_dir / "goodput").glob("*-failure-*.json"))
     for path in failures:
@@ -88,7 +95,7 @@ def restarts_and_events(run_dir: Path, restarts: int) -> tuple:
     for line in tail_lines(run_dir / "logs" / "launcher.log", 400):
         if EVENT_LEVELS.search(line):
             events.append({"at": None, "text": line})
-    return max(len(failures), restarts), events[-100:]
+    return events[-100:]
 
 
 def heatmap(metrics: List[Dict[str, Any]], key: str) -> Dict[str, Any]:
@@ -118,17 +125,37 @@ def run_view(run_dir: Path) -> Dict[str, Any]:
     summary = summary if isinstance(summary, dict) else None
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     step = live_step(run_dir)  # rank 0's step now; the row's is the last logged one
-    restarts, events = restarts_and_events(run_dir, int(row.get("restarts") or 0))
     return {
         **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
         "view": "run", "step": step if step is not None else row.get("step"),
         "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
         "step_times": heatmap(metrics, "step_time_s_per_rank"), "memory": memory_per_rank(metrics, summary),
-        "restarts": restarts, "events": events, "ranks": rank_logs(run_dir),
+        "restarts": int(row.get("restarts") or 0), "events": failure_events(run_dir), "ranks": rank_logs(run_dir),
         "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "final_loss", "goodput",
                                                 "time_to_first_step_s", "error")} if summary else None,
+        "failure": failure_view(run_dir, summary, row.get("status")),
         "read_at": time.time(),
     }
+
+
+def failure_view(run_dir: Path, summary: Optional[Dict[str, Any]], status: Any) -> Optional[Dict[str, Any]]:
+    """A failed run's root cause, which the run page leads with: the rank that failed first (summary.json's
+    root_cause, the agent's finding), its error and its traceback (its error file's, else its log's last lines),
+    rather than rank 0's knock-on error."""
+    cause = (summary or {}).get("root_cause") if status == "failed" else None
+    if not isinstance(cause, dict) or not isinstance(cause.get("rank"), int):
+        return None
+    traceback = ""
+    error_file = inside(run_dir, str(cause.get("error_file") or ""))  # both from the run's own summary: kept inside it
+    if cause.get("error_file") and error_file is not None:
+        message = (read_json(error_file) or {}).get("message")
+        info = message.get("extraInfo") if isinstance(message, dict) else None
+        traceback = str(info.get("py_callstack") or "") if isinstance(info, dict) else ""
+    log = inside(run_dir, str(cause.get("log") or ""))
+    if not traceback and cause.get("log") and log is not None:
+        traceback = "\n".join(tail_lines(log, FAILURE_LOG_LINES))
+    return {"rank": cause["rank"], "attempt": cause.get("attempt"), "error": (summary or {}).get("error"),
+            "traceback": traceback.rstrip("\n")}
 
 
 def rank_logs(run_dir: Path) -> List[int]:
@@ -146,14 +173,16 @@ def tail_lines(path: Path, count: int) -> List[str]:
 
 
 def log_view(run_dir: Path, rank: Optional[int], count: int, grep: str = "") -> Dict[str, Any]:
-    """One rank's newest lines, or every rank's prefixed with [rank K] (rank None), optionally filtered."""
+    """One rank's newest lines, or every rank's (rank None) in the order they arrived, each with one
+    `[rank<k>]: ` prefix and a progress bar at its last state, as `logs --all` prints them; optionally filtered."""
     ranks = rank_logs(run_dir)
-    chosen = ranks if rank is None else [r for r in ranks if r == rank]
     count = max(1, min(count, MAX_LOG_LINES))
-    lines: List[str] = []
-    for r in chosen:
-        prefix = f"[rank {r}] " if rank is None else ""
-        lines += [prefix + line for line in tail_lines(run_dir / "logs" / f"rank-{r}.log", count)]
+    if rank is None:
+        merged = heapq.merge(*(rank_lines([RankLog(run_dir / "logs" / f"rank-{r}.log", r)], finished=True) for r in ranks),
+                             key=lambda item: (item[0], item[1]))
+        lines = [line.rstrip("\n") for _, _, line in merged]
+    else:
+        lines = tail_lines(run_dir / "logs" / f"rank-{rank}.log", count) if rank in ranks else []
     if grep:
         lines = [line for line in lines if grep in line]
-    return {"ranks": ranks, "rank": rank, "lines": lines[-count:] if rank is not None else lines}
+    return {"ranks": ranks, "rank": rank, "lines": lines[-count:]}

@@ -1,27 +1,27 @@
 """`python -m launcher logs RUN [--rank K | --all] [-f] [--grep PATTERN]`: the workers' logs of any run.
 
 A rank's log is logs/rank-<k>.log and, after restarts, logs/rank-<k>.attempt-<n>.log (printed in
-attempt order). `--all` interleaves every rank's lines, each prefixed `[rank<k>]: ` as on the
-console, ordered by when they arrived (logs/rank-<k>.log.times, written by launcher.agent.streams;
-a log without one, from an older run, follows the others' in rank order). `-f` follows until the
-run ends: its launcher's lock is released (launcher.runlock), or for a SLURM job, sacct says it ended.
+attempt order). Without --rank, a failed run's is the rank its agent found failed first (summary.json's
+root_cause), whose traceback is the cause; otherwise rank 0's. `--all` interleaves every rank's lines in
+the order they arrived, each with one `[rank<k>]: ` prefix, a print apart from a progress bar and a bar
+at its last state (launcher.agent.ranklog). `-f` follows until the run ends: its launcher's lock is
+released (launcher.runlock), or for a SLURM job, sacct says it ended.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import heapq
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Pattern, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Pattern
 
-from launcher.agent.streams import TIMES_SUFFIX
+from launcher.agent.ranklog import RankLog, Timed, rank_lines
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
-from launcher.runindex import is_run_dir
+from launcher.runindex import is_run_dir, run_row
 from launcher.runlock import live_holders
 from launcher.usage import OneLineParser, reader_went_away
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
     p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default 0)")
+    which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default: a failed run's rank that failed first, else 0)")
     which.add_argument("--all", action="store_true", help="every rank's lines, interleaved in time order, rank-prefixed")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what the logs gain until the run ends")
     p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
@@ -49,19 +49,35 @@ def main(argv: List[str]) -> int:
     except re.error as e:
         raise ConfigError(f"--grep {args.grep}: not a regular expression ({e}); quote it, or escape special characters with \\") from None
     run_dir = locate_run(args.run, args.output_dir)
-    ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, 0 if args.rank is None else args.rank)]
-    with_prefix = bool(args.all)
-    printed: Dict[Path, int] = {}  # how far each file was printed: -f goes on from there
+    ranks = list(range(world_size(run_dir))) if args.all else [check_rank(run_dir, chosen_rank(run_dir, args.rank))]
+    logs: Dict[Path, RankLog] = {}  # each file read so far: -f reads on from there
     try:
-        for line in interleaved(run_dir, ranks, with_prefix, printed, following=args.follow):
-            if pattern is None or pattern.search(line):
-                sys.stdout.write(line)
-        sys.stdout.flush()
+        show(interleaved(run_dir, ranks, args.all, logs, following=args.follow), pattern)
         if args.follow:
-            follow(run_dir, ranks, with_prefix, pattern, printed)
+            follow(run_dir, ranks, args.all, pattern, logs)
     except BrokenPipeError:
         return reader_went_away()
     return 0
+
+
+def chosen_rank(run_dir: Path, rank: Optional[int]) -> int:
+    """--rank K, else the rank a failed run's agent found failed first (its log holds the root cause, rank 0's
+    only a knock-on error), else rank 0."""
+    if rank is not None:
+        return rank
+    row = run_row(run_dir, time.time())
+    if row.get("failed_rank") is None:
+        return 0
+    print(f"logs: {row['error']}\nlogs: rank {row['failed_rank']}'s log follows, the root cause (--rank K for another "
+          "rank, --all for every rank)", file=sys.stderr)
+    return int(row["failed_rank"])
+
+
+def show(lines: Iterable[Timed], pattern: Optional[Pattern[str]]) -> None:
+    for _, _, line in lines:
+        if pattern is None or pattern.search(line):
+            sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def locate_run(run: str, output_dir: str) -> Path:
@@ -114,95 +130,41 @@ def rank_files(run_dir: Path, rank: int) -> List[Path]:
     return [path for _, path in sorted(found)]
 
 
-def interleaved(run_dir: Path, ranks: List[int], prefix: bool, printed: Dict[Path, int],
-                following: bool = False) -> Iterator[str]:
+def interleaved(run_dir: Path, ranks: List[int], as_console: bool, logs: Dict[Path, RankLog],
+                following: bool = False) -> Iterator[Timed]:
     """Every line of these ranks' logs; with several ranks, merged by arrival time (rank order breaks ties).
 
-    printed gets how far each file was read. following: a last line still being written is left to follow()."""
+    logs gets each file's reader; following: a last line still being written is left to follow()."""
     streams = []
     for rank in ranks:
         files = rank_files(run_dir, rank)
         if not files and len(ranks) == 1 and not following:
             raise ConfigError(no_log_yet(run_dir, rank))
-        streams.append(timed_lines(files, rank, f"[rank{rank}]: " if prefix else "", printed, following))
-    for _, _, line in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
-        yield line
+        streams.append(rank_lines([_reader(logs, path, rank, as_console) for path in files], finished=not following))
+    return heapq.merge(*streams, key=lambda item: (item[0], item[1]))
 
 
-def timed_lines(files: List[Path], rank: int, prefix: str, printed: Dict[Path, int],
-                whole_lines: bool) -> Iterator[Tuple[float, int, str]]:
-    """(arrival time, rank, line) for each line; a line's time is that of the write its first byte came in."""
-    last = 0.0
-    for path in files:
-        offsets, times = read_times(path)
-        offset = printed[path] = 0
-        with path.open("rb") as f:
-            for raw in f:
-                if whole_lines and not raw.endswith(b"\n"):
-                    break
-                printed[path] = offset + len(raw)
-                i = bisect.bisect_right(offsets, offset) - 1
-                last = max(last, times[i] if i >= 0 else last)  # no times file: keep the order of this rank's lines
-                offset += len(raw)
-                yield (last if offsets else float("inf"), rank, prefix + raw.decode("utf-8", errors="replace"))
-
-
-def read_times(log: Path) -> Tuple[List[int], List[float]]:
-    offsets: List[int] = []
-    times: List[float] = []
-    try:
-        text = (log.parent / (log.name + TIMES_SUFFIX)).read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return offsets, times
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit():
-            try:
-                offsets.append(int(parts[0]))
-                times.append(float(parts[1]))
-            except ValueError:
-                continue
-    return offsets, times
-
-
-def follow(run_dir: Path, ranks: List[int], prefix: bool, pattern: Optional[Pattern[str]],
-           positions: Dict[Path, int]) -> None:
-    """Print the lines the logs gain past positions (new attempts' files too) until the run has ended;
-    each poll's new lines from several ranks in the order they arrived."""
+def follow(run_dir: Path, ranks: List[int], as_console: bool, pattern: Optional[Pattern[str]],
+           logs: Dict[Path, RankLog]) -> None:
+    """Print the lines the logs gain (new attempts' files too) until the run has ended; each poll's new
+    lines from several ranks in the order they arrived."""
     while True:
         running = still_running(run_dir)
-        fresh: List[Tuple[float, int, str]] = []
+        fresh: List[Timed] = []
         for rank in ranks:
-            for path in rank_files(run_dir, rank):
-                fresh += new_lines(path, rank, f"[rank{rank}]: " if prefix else "", positions, finished=not running)
+            readers = [_reader(logs, path, rank, as_console) for path in rank_files(run_dir, rank)]
+            fresh += rank_lines(readers, finished=not running)
         fresh.sort(key=lambda item: (item[0], item[1]))  # stable: a rank's own lines keep their order
-        for _, _, line in fresh:
-            if pattern is None or pattern.search(line):
-                sys.stdout.write(line)
-        sys.stdout.flush()
+        show(fresh, pattern)
         if not running:
             return
         time.sleep(POLL_S)
 
 
-def new_lines(path: Path, rank: int, prefix: str, positions: Dict[Path, int],
-              finished: bool) -> List[Tuple[float, int, str]]:
-    """The whole lines path gained since positions[path] (and, once the run is over, an unfinished last one)."""
-    start = positions.get(path, 0)
-    if _size(path) < start:  # a new file of that name (a SLURM requeue moved the old one away)
-        start = 0
-    data = _read_from(path, start)
-    offsets, times = read_times(path)
-    found, offset = [], start
-    *whole, rest = data.split(b"\n")
-    lines = [line + b"\n" for line in whole] + ([rest] if rest and finished else [])  # rest: still being written
-    for raw in lines:
-        i = bisect.bisect_right(offsets, offset) - 1
-        text = raw.decode("utf-8", errors="replace")
-        found.append((times[i] if i >= 0 else 0.0, rank, prefix + text + ("" if text.endswith("\n") else "\n")))
-        offset += len(raw)
-    positions[path] = offset
-    return found
+def _reader(logs: Dict[Path, RankLog], path: Path, rank: int, as_console: bool) -> RankLog:
+    if path not in logs:
+        logs[path] = RankLog(path, rank, as_console)
+    return logs[path]
 
 
 def still_running(run_dir: Path) -> bool:
@@ -224,22 +186,6 @@ def no_log_yet(run_dir: Path, rank: int) -> str:
         return (f"no log for rank {rank} in {run_dir / 'logs'}: the job has not started its workers yet "
                 f"(`python -m launcher status {run_dir}`); SLURM's own output is in {run_dir}/slurm/")
     return f"no log for rank {rank} in {run_dir / 'logs'}: the run has not started its workers (see logs/launcher.log)"
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read()
-    except OSError:
-        return b""
 
 
 def _log_names(run_dir: Path) -> List[str]:

@@ -121,17 +121,25 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
         return
     lines = [list(COLUMNS)]
     for row in rows:
-        lines.append(cells(row, row["run_id"]))
+        lines += [cells(row, row["run_id"]), *failure_line(row, "  ")]
         for member in row.get("members") or []:
             varied = " ".join(f"{k}={v}" for k, v in (member.get("overrides") or {}).items())
-            lines.append(cells(member, f"  {member['run_id']}" + (f" [{varied}]" if varied else "")))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS) - 1)]
+            lines += [cells(member, f"  {member['run_id']}" + (f" [{varied}]" if varied else "")), *failure_line(member, "    ")]
+    widths = [max(len(line[i]) for line in lines if len(line) == len(COLUMNS)) for i in range(len(COLUMNS) - 1)]
     for line in lines:
+        if len(line) == 1:  # a failed run's error, under its row
+            print(line[0])
+            continue
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
     counts: Dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     print(f"{len(rows)} run(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def failure_line(row: Dict[str, Any], indent: str) -> List[List[str]]:
+    """Under a failed run, what failed first (its summary's error: the root-cause rank, not rank 0's knock-on)."""
+    return [[f"{indent}error: {row['error']}"]] if row["status"] == "failed" and row.get("error") else []
 
 
 def cells(row: Dict[str, Any], name: str) -> List[str]:

@@ -8,12 +8,13 @@ Run as a program, never imported by the launcher (a worker must not find the pro
 
 The zygote is a fresh, single-threaded interpreter that imports what workers need (``torch``
 for scripts; the built-in trainer's modules for ``KIND=trainer``), then forks one worker per
-request from the agent (launcher.agent.zygote). Forking a single-threaded process that has touched
-no CUDA and started no thread pool is safe, and the fork costs milliseconds where a fresh
-``import torch`` costs seconds. A worker forked from it looks to a script like one torchrun
-started with ``python -u script.py``: the same ``sys.argv``, ``sys.path``, ``__main__``,
-environment, signal dispositions, multiprocessing start method (none chosen) and streams
-(stdout and stderr apart), and its traceback shows no frame of this file.
+request from the agent (launcher.agent.zygote; its loop: launcher/worker/forkserver.py). Forking a
+single-threaded process that has touched no CUDA and started no thread pool is safe, and the fork
+costs milliseconds where a fresh ``import torch`` costs seconds. A worker forked from it looks to a
+script like one torchrun started with ``python -u script.py``: the same ``sys.argv``, ``sys.path``,
+``__main__``, environment, signal dispositions, multiprocessing start method (none chosen) and
+streams (stdout and stderr apart), and its traceback shows no frame of this file, nor does a Ctrl-C
+at any moment of it (run_user_code).
 
 Worker <-> agent: the worker's stdout and stderr are pipes the agent reads (launcher.agent.streams);
 a third pipe, the status pipe, carries one line when the script has returned: ``done CODE``.
@@ -26,7 +27,6 @@ del sys.path[0]  # this file's folder (launcher/worker/): nothing of the project
 
 import json  # noqa: E402  (after the sys.path fix, on purpose)
 import os  # noqa: E402
-import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
@@ -35,7 +35,6 @@ import types  # noqa: E402
 MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("__"))  # a fresh __main__'s names
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 DONE_AT = 1.0  # launcher.runtime.beats: a heartbeat file's mtime once the rank is finished
-MAX_MESSAGE = 1 << 20
 WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
@@ -43,75 +42,16 @@ WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
 def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
-    """Preload, then fork workers on request until the agent hangs up. Returns only in a worker."""
+    """Set up, then serve fork requests (launcher/worker/forkserver.py). Returns only in a worker."""
     die_with_parent(parent)
     _set_prctl(PR_SET_CHILD_SUBREAPER, 1)  # a worker's orphaned children come back here, to be killed at the end
-    # The agent decides when workers stop; SLURM's USR2 reaches every process of a job step. The agent
-    # started this process with SIGINT, SIGTERM and SIGHUP blocked (launcher.agent.zygote): they were held
-    # until now, and once ignored, unblocking them drops what is pending.
-    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-    sock = socket.socket(fileno=control_fd)
-    try:
-        preload(kind)
-    except BaseException as e:  # noqa: BLE001  (reported to the agent, which names it)
-        send(sock, {"event": "error", "message": f"{type(e).__name__}: {e}"})
-        return None
-    send(sock, {"event": "ready", "pid": os.getpid()})
-    children = set()
-    while True:
-        readable, _, _ = select.select([sock], [], [], 0.05)
-        if readable:
-            message, fds = receive(sock)
-            if message is None:  # the agent is gone or done
-                break
-            pid = os.fork()
-            if pid == 0:
-                sock.close()
-                return message["spec"], fds
-            for fd in fds:
-                os.close(fd)
-            children.add(pid)
-            send(sock, {"event": "started", "id": message["id"], "pid": pid})
-        reap(children, sock)
-    # Every child, not only the workers: as the subreaper, this process also adopted the orphans of workers
-    # that died first (a data loader's worker stuck in a read outlived its killed rank, and then the job).
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        left = children | own_children()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        children = set()
-        try:
-            if os.waitpid(-1, 0)[0] <= 0:
-                break
-        except ChildProcessError:
-            break
-    return None
+    ignore_stop_signals()
+    from importlib.machinery import SourceFileLoader  # loaded at every interpreter's start already
 
-
-def own_children() -> set:
-    """The pids whose parent is this process (Linux /proc; empty elsewhere)."""
-    me, found = str(os.getpid()), set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2:].split()[1] == me:
-            found.add(int(entry))
-    return found
+    server = types.ModuleType("launcher_forkserver")  # never in sys.modules: a worker holds nothing of the project
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
+    SourceFileLoader(server.__name__, path).exec_module(server)
+    return server.serve(lambda: preload(kind), control_fd)
 
 
 def preload(kind: str) -> None:
@@ -139,35 +79,13 @@ def preload(kind: str) -> None:
     gc.enable()
 
 
-def reap(children: set, sock: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in children:
-            children.discard(pid)
-            send(sock, {"event": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def send(sock: socket.socket, message: dict) -> None:
-    try:
-        sock.sendall(json.dumps(message).encode() + b"\n")
-    except OSError:
-        pass  # the agent went away; the loop ends on its next read
-
-
-def receive(sock: socket.socket) -> "tuple":
-    """One request: a JSON line and the file descriptors sent with it (None at end of stream)."""
-    try:
-        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
-    except OSError:  # the agent died mid-way: nothing more will come
-        return None, []
-    if not data:
-        return None, []
-    return json.loads(data), list(fds)
+def ignore_stop_signals() -> None:
+    """The agent decides when workers stop; SLURM's USR2 reaches every process of a job step. The agent started
+    this process with SIGINT, SIGTERM and SIGHUP blocked (launcher.interrupts.blocked_for_child): they were held
+    until now, and once ignored, unblocking them drops what is pending. A worker inherits them ignored."""
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
 
 # ---------------------------------------------------------------- a worker
@@ -176,6 +94,13 @@ def receive(sock: socket.socket) -> "tuple":
 def become_worker(spec: dict, fds: list, parent: int) -> None:
     """Turn this process into the rank the spec describes, then run its code. Never returns."""
     die_with_parent(parent)
+    # Its own session, as torchrun's workers have (start_new_session): a terminal's Ctrl-C reaches the launcher
+    # (and the zygote, which ignores it), whose agent then sends each rank's process group one SIGINT, as
+    # torchrun's agent does; in the launcher's group a rank got two, the second in its KeyboardInterrupt handling.
+    try:
+        os.setsid()
+    except OSError:
+        pass  # a spawned worker that already leads its own group
     for name in WORKER_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
@@ -201,8 +126,8 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
         watch = here["watch_steps"](spec.get("steps"), beat, here["Loader"]())
     status = os.fdopen(status_fd, "w", buffering=1)
     # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
-    # their handling of KeyboardInterrupt): a Ctrl-C to the group during this set-up would print this file's
-    # traceback. The agent stops a rank that missed it.
+    # their handling of KeyboardInterrupt) and again once it ended: a Ctrl-C to the group, or the agent's SIGINT
+    # after it, in this file's code would print its frames. The agent stops a rank that missed it.
     if spec["kind"] == "trainer":
         from launcher.worker.trainer import run_trainer
 
@@ -217,7 +142,11 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
             pass
     status.write(f"done {code}\n")
     status.close()
-    sys.exit(code)  # the interpreter's normal exit: atexit handlers, flushed files, as under torchrun
+    # The interpreter's normal exit, as under torchrun: atexit handlers, flushed files, and Python's Ctrl-C, whose
+    # traceback (if one lands there) names threading or an atexit handler. One in the instant before the exit
+    # starts is this file's: __main__ ends the process quietly then.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(code)
 
 
 def fresh_random_state() -> None:
@@ -258,43 +187,59 @@ def progress() -> dict:
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:
-    """Run a script (or module) as `python -u script.py ARGS` would; its exit code."""
+    """Run a script (or module) as `python -u script.py ARGS` would; its exit code.
+
+    Only the script's own code runs with Python's SIGINT handler: this file's code before it (become_worker)
+    and after it (here, first thing) ignores SIGINT, so that Ctrl-C raises KeyboardInterrupt in the script's
+    frames only, where its traceback is the script's, as under torchrun.
+    """
+    ended = None
+    try:
+        run_main(kind, target, args)
+    except BaseException as e:  # noqa: BLE001  (reported below as Python reports an uncaught exception)
+        ended = e
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # pending as the script ended, where Python would be exiting: not the script's
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if ended is None:
+        return 0
+    if isinstance(ended, SystemExit):
+        return exit_code(ended)
+    if not isinstance(ended, KeyboardInterrupt):
+        record_error(ended, error_file)
+    print_exception(ended)
+    return 128 + signal.SIGINT if isinstance(ended, KeyboardInterrupt) else 1
+
+
+def run_main(kind: str, target: str, args: list) -> None:
+    """The script (or module) as __main__, with Python's SIGINT handler from its first line on."""
     main = types.ModuleType("__main__")
     for key in MAIN_KEYS:
         if key not in main.__dict__ and key not in ("__file__", "__cached__"):
             main.__dict__[key] = {} if key == "__annotations__" else None
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see become_worker)
-        if kind == "module":
-            import runpy
+    if kind == "module":
+        import runpy
 
-            sys.path.insert(0, os.getcwd())
-            sys.argv = ["-m", *args]
-            sys.orig_argv = [sys.executable, "-u", "-m", target, *args]
-            runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
-        else:
-            from importlib.machinery import SourceFileLoader
+        sys.path.insert(0, os.getcwd())
+        sys.argv = ["-m", *args]
+        sys.orig_argv = [sys.executable, "-u", "-m", target, *args]
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see run_user_code)
+        runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
+        return
+    from importlib.machinery import SourceFileLoader
 
-            path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)  # as Python makes __file__: not normalised
-            sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
-            sys.argv = [target, *args]
-            sys.orig_argv = [sys.executable, "-u", target, *args]
-            main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path))
-            with open(path, "rb") as f:
-                code = compile(f.read(), path, "exec")
-            exec(code, main.__dict__)
-    except SystemExit as e:
-        return exit_code(e)
-    except KeyboardInterrupt as e:
-        print_exception(e)
-        return 128 + signal.SIGINT
-    except BaseException as e:  # noqa: BLE001  (reported as Python reports an uncaught exception)
-        record_error(e, error_file)
-        print_exception(e)
-        return 1
-    return 0
+    path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)  # as Python makes __file__: not normalised
+    sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
+    sys.argv = [target, *args]
+    sys.orig_argv = [sys.executable, "-u", target, *args]
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path))
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see run_user_code)
+    exec(code, main.__dict__)
 
 
 def exit_code(e: SystemExit) -> int:
@@ -308,14 +253,20 @@ def exit_code(e: SystemExit) -> int:
 
 
 def print_exception(e: BaseException) -> None:
-    """sys.excepthook on the traceback from the user's first frame on: no frame of this file."""
+    """sys.excepthook on the script's traceback."""
+    tb = script_frames(e)
+    sys.excepthook(type(e), e.with_traceback(tb), tb)
+    sys.stderr.flush()
+
+
+def script_frames(e: BaseException) -> "types.TracebackType | None":
+    """e's traceback from the user's first frame on: no frame of this file or of runpy."""
     tb = e.__traceback__
     here = os.path.abspath(__file__)
     while tb is not None and (tb.tb_frame.f_code.co_filename in (here, __file__)
                               or tb.tb_frame.f_globals.get("__name__") == "runpy"):
         tb = tb.tb_next
-    sys.excepthook(type(e), e.with_traceback(tb), tb)
-    sys.stderr.flush()
+    return tb
 
 
 def record_error(e: BaseException, error_file: "str | None") -> None:
@@ -325,7 +276,7 @@ def record_error(e: BaseException, error_file: "str | None") -> None:
     import traceback
 
     data = {"message": {"message": f"{type(e).__name__}: {e}",
-                        "extraInfo": {"py_callstack": "".join(traceback.format_exception(e)),
+                        "extraInfo": {"py_callstack": "".join(traceback.format_exception(type(e), e, script_frames(e))),
                                       "timestamp": str(int(time.time()))}}}
     try:
         with open(error_file, "w") as f:
@@ -358,13 +309,20 @@ def fresh_worker(spec_fd: int, parent: int) -> "tuple":
     return message["spec"], message["fds"]
 
 
-if __name__ == "__main__":
-    role, parent_pid = sys.argv[1], int(sys.argv[3])
+def main(role: str, parent: int) -> None:
     if role == "zygote":
-        found = zygote(sys.argv[2], parent_pid, int(sys.argv[4]))
+        found = zygote(sys.argv[2], parent, int(sys.argv[4]))
         if found is None:
             sys.exit(0)
-        parent_pid = os.getppid()
+        parent = os.getppid()
     else:
-        found = fresh_worker(int(sys.argv[2]), parent_pid)
-    become_worker(found[0], found[1], parent_pid)
+        ignore_stop_signals()  # start method spawn: started with them blocked, as the zygote is
+        found = fresh_worker(int(sys.argv[2]), parent)
+    become_worker(found[0], found[1], parent)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1], int(sys.argv[3]))
+    except KeyboardInterrupt:  # in the instant between become_worker giving Ctrl-C back to Python and its exit
+        os._exit(128 + signal.SIGINT)  # quietly: its traceback would be this file's

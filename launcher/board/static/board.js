@@ -114,6 +114,7 @@ function runSkeleton(view) {
     el("div", {class: "facts"}, el("span", {id: "status"}), el("span", {id: "step"}), el("span", {id: "restarts"}),
       el("span", {id: "figures"}), el("a", {id: "logs-link", href: `/logs?path=${encodeURIComponent(path)}`}, "logs by rank")),
     el("p", {class: "cmd", id: "command"}),
+    el("section", {id: "failure"}),
     el("div", {class: "charts"}, ...["loss", "throughput", "heatmap", "memory"].map(id => el("div", {id, class: "chart"}))),
     el("h3", {}, "restarts and hang verdicts, warnings"), el("ul", {id: "events"}));
 }
@@ -129,6 +130,7 @@ function drawRun(view) {
   document.getElementById("figures").textContent = s ? `${fmt(s.samples_per_s, 0)} samples/s, final loss ${fmt(s.final_loss, 4)}` +
     (s.goodput !== null && s.goodput !== undefined ? `, goodput ${Math.round(100 * s.goodput)}%` : "") + (s.error ? `; ${s.error}` : "") : "";
   document.getElementById("command").textContent = view.command ? `next: ${view.command}` : "";
+  drawFailure(view.failure);
   const x = view.series.step;
   plot("loss", [{x, y: view.series.loss, mode: "lines+markers", name: "loss"}], "loss", "step", "loss");
   plot("throughput", [{x, y: view.series.samples_per_s, mode: "lines+markers", name: "samples/s"}], "throughput", "step", "samples/s");
@@ -146,6 +148,18 @@ function drawRun(view) {
   const events = document.getElementById("events");
   events.replaceChildren(...(view.events.length ? view.events.map(e =>
     el("li", {}, (e.at ? new Date(e.at * 1000).toLocaleTimeString() + " " : "") + e.text)) : [el("li", {}, "none")]));
+}
+
+// A failed run leads with the rank that failed first and its traceback, not rank 0's knock-on error.
+function drawFailure(failure) {
+  const section = document.getElementById("failure");
+  if (!failure) { section.replaceChildren(); return; }
+  const logs = `/logs?path=${encodeURIComponent(params.get("path"))}&rank=${failure.rank}`;
+  section.replaceChildren(
+    el("h3", {class: "error"}, `root cause: rank ${failure.rank} failed first`),
+    el("p", {id: "failure-error"}, failure.error || ""),
+    el("pre", {id: "failure-traceback"}, failure.traceback || "(no traceback recorded)"),
+    el("a", {href: logs}, `rank ${failure.rank}'s log`));
 }
 
 function drawGroup(view) {

@@ -1,0 +1,83 @@
+"""Ctrl-C to a plain script's whole process group never shows a launcher frame, at any moment of the job.
+
+A few rounds of bench/ctrl_c.py (tests/ctrl_c_rounds.py): SIGINT to the launcher's process group, as a
+terminal sends it, while rank 0 is in init_process_group, as it finishes its script (the agent's SIGINT
+follows the terminal's into the worker's exit), and once summary.json is written (the launcher's exit).
+Each ends with the launcher's one `interrupted` line and exit 130, or completed when the job had finished;
+a script's own KeyboardInterrupt traceback is the script's, as under torchrun.
+"""
+
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.ctrl_c_rounds import LAUNCHER_FRAME, one_round
+from tests.helpers import communicate_bounded, launcher_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+@pytest.mark.parametrize("phase", ["init", "end", "exit"])
+def test_ctrl_c_to_the_group_shows_no_launcher_frame(tmp_path, phase):
+    result = one_round(tmp_path, phase, random.Random(phase))
+    assert result.verdict == "clean", f"{phase}, SIGINT {result.delay_s:.3f}s in: {result.verdict}\n{result.output}"
+
+
+# The script ends in KeyboardInterrupt and prints its traceback with a slow excepthook (rich's takes a while):
+# a second SIGINT, as the agent's that follows a terminal's Ctrl-C, comes while the worker prints it.
+SECOND_SIGINT_WHILE_PRINTING = textwrap.dedent("""
+    import os, signal, sys, threading, time
+
+    def slow_hook(kind, value, tb):
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        time.sleep(1.0)
+        sys.__excepthook__(kind, value, tb)
+
+    sys.excepthook = slow_hook
+    print("script done", flush=True)
+    raise KeyboardInterrupt
+""")
+
+
+def test_a_second_sigint_while_the_scripts_traceback_is_printed_shows_no_launcher_frame(tmp_path):
+    (tmp_path / "hook.py").write_text(SECOND_SIGINT_WHILE_PRINTING)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={tmp_path / 'runs'}",
+                             str(tmp_path / "hook.py")], cwd=tmp_path, env=launcher_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = communicate_bounded(proc, 120, "launcher")
+    assert "[rank0]: script done" in out and "[rank0]:     raise KeyboardInterrupt" in out, out  # the script's own
+    assert not LAUNCHER_FRAME.search(out) and "During handling" not in out, out
+
+
+# After the agent: a signal is recorded (torch's handler, left behind, raised it anywhere), raised once the
+# command has its exit code, and one after that is dropped (the launcher's exit only waits for its zygote).
+AFTER_THE_AGENT = textwrap.dedent("""
+    import os, signal
+    from launcher import interrupts
+    from launcher.errors import Interrupted
+
+    def torch_like(signum, frame):
+        raise RuntimeError("a handler left behind")
+
+    signal.signal(signal.SIGINT, torch_like)
+    interrupts.recording()
+    os.kill(os.getpid(), signal.SIGINT)  # recorded, not raised
+    print("recorded", flush=True)
+    try:
+        interrupts.conclude()
+    except Interrupted as e:
+        print("raised at the end:", e.sigval, flush=True)
+    os.kill(os.getpid(), signal.SIGINT)  # dropped
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("dropped", flush=True)
+""")
+
+
+def test_a_signal_after_the_agent_is_recorded_then_raised_once_then_dropped(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", AFTER_THE_AGENT], cwd=tmp_path, env=launcher_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = communicate_bounded(proc, 60, "python")
+    assert proc.returncode == 0 and out.splitlines() == ["recorded", "raised at the end: 2", "dropped"], out
