@@ -37,10 +37,12 @@ def node_config(payload: Dict[str, Any]) -> Config:
 def main(argv: List[str]) -> int:
     if not die_with_parent(int(argv[0])):  # the actor that started this node is gone already
         return 1
-    # Ray's worker processes ignore SIGINT, and an ignored signal stays ignored across exec: this node
-    # agent must hear Ctrl-C (passed on by the driver) as a node agent in a terminal does
+    # Ray's worker processes ignore SIGINT, and an ignored signal stays ignored across exec; the actor's thread
+    # that started this process may block it, and a child inherits that mask too: this node agent must hear
+    # Ctrl-C (passed on by the driver) as a node agent in a terminal does
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     payload = json.loads(sys.stdin.read())
     cfg = node_config(payload)
     attempt = int(payload.get("attempt", 0))
