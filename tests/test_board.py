@@ -13,9 +13,10 @@ import pytest
 
 from launcher.board.views import heatmap, inside
 from tests.board_helpers import board, browser_page, get, get_json, needs_browser
-from tests.helpers import QUICK, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
+from tests.helpers import QUICK, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(300)
+SCRIPTS = REPO / "tests" / "scripts"
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,39 @@ def test_the_run_api_has_every_rank_step_times_and_memory(runs):
     assert view["step_times"]["ranks"] == [0, 1] and len(view["step_times"]["z"][1]) == 4
     assert len(view["memory"]["mb"]) == 2 and min(view["memory"]["mb"]) > 50
     assert view["ranks"] == [0, 1] and view["restarts"] == 0
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory) -> Path:
+    """One real run of a user's DDP script (no launcher code but launcher.log calls): its board page."""
+    out = tmp_path_factory.mktemp("board-script")
+    (out / "o").mkdir()
+    result = run_launcher(["--gpus", "2", f"output_dir={out / 'runs'}", "run_id=script", str(SCRIPTS / "ddp_loader.py"),
+                           "--out", str(out / "o"), "--epochs", "3", "--launcher-log", "--sleep", "0.005"],
+                          cwd=out, timeout=240)
+    assert result.returncode == 0, result.stderr
+    return out / "runs"
+
+
+def test_a_scripts_run_view_has_its_step_rate_ranks_memory_and_every_launcher_log_series(script_runs):
+    with board(script_runs) as (url, _):
+        view = get_json(f"{url}/api/run?path=script")
+    assert view["status"] == "completed" and view["steps"] is None and view["step"] == 3 * 1024 // 2 // 16
+    assert [s for s in view["series"]["steps_per_s"] if s] and [s for s in view["series"]["loss"] if s]
+    assert view["step_times"]["ranks"] == [0, 1] and len(view["memory"]["mb"]) == 2
+    assert set(view["logged"]) == {"lr", "seen_per_rank"}  # loss has its own chart
+    assert len(view["logged"]["seen_per_rank"]) == 2 and set(v for v in view["logged"]["lr"] if v) == {0.05}
+
+
+@needs_browser
+def test_a_scripts_page_draws_its_launcher_log_series(script_runs):
+    with board(script_runs) as (url, _), browser_page() as page:
+        page.goto(url + "/run?path=script")
+        page.wait_for_selector("#logged-charts .chart .main-svg")
+        assert page.locator("#logged-charts .chart").count() == 2
+        assert page.locator("#throughput .scatterlayer .trace").count() == 1
+        assert page.locator("#heatmap .hm").count() == 1
+        assert page.errors == []
 
 
 @pytest.mark.timeout(400)

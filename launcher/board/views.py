@@ -20,8 +20,10 @@ from typing import Any, Dict, List, Optional
 
 from launcher.agent.ranklog import RankLog, rank_lines
 from launcher.runindex import run_row
+from launcher.steps.rows import OWN
 
-SERIES = ("loss", "samples_per_s", "step_time_s")
+SERIES = ("loss", "samples_per_s", "steps_per_s", "step_time_s")
+MAX_LOGGED_SERIES = 12  # launcher.log() keys charted on a script's run page (metrics.jsonl has them all)
 HEATMAP_COLUMNS = 200  # the newest log steps in the heatmap: enough to see a straggler come and go
 EVENT_LEVELS = re.compile(r" (WARNING|ERROR|CRITICAL) ")
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
@@ -118,6 +120,23 @@ def memory_per_rank(metrics: List[Dict[str, Any]], summary: Optional[Dict[str, A
     return {"kind": None, "mb": []}
 
 
+def logged_series(metrics: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """A script's launcher.log() values by key (rows of a script carry attempt_step; the built-in trainer's own
+    fields are charted above): {key: [value per row]}, and {key_per_rank: [[value per row] per rank]}."""
+    rows = [m for m in metrics if "attempt_step" in m]
+    keys = sorted({k for m in rows for k, v in m.items() if k not in OWN and k not in SERIES
+                   and (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, list))})
+    out: Dict[str, Any] = {}
+    for key in keys[:MAX_LOGGED_SERIES]:
+        values = [m.get(key) for m in metrics]
+        if any(isinstance(v, list) for v in values):
+            ranks = max(len(v) for v in values if isinstance(v, list))
+            out[key] = [[v[r] if isinstance(v, list) and r < len(v) else None for v in values] for r in range(ranks)]
+        else:
+            out[key] = values
+    return out
+
+
 def run_view(run_dir: Path) -> Dict[str, Any]:
     """Everything the run page draws, in one poll: the run's index row (status, steps, command) and its records."""
     row = run_row(run_dir, time.time())
@@ -129,6 +148,7 @@ def run_view(run_dir: Path) -> Dict[str, Any]:
         **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
         "view": "run", "step": step if step is not None else row.get("step"),
         "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
+        "logged": logged_series(metrics),
         "step_times": heatmap(metrics, "step_time_s_per_rank"), "memory": memory_per_rank(metrics, summary),
         "restarts": int(row.get("restarts") or 0), "events": failure_events(run_dir), "ranks": rank_logs(run_dir),
         "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "final_loss", "goodput",

@@ -116,6 +116,7 @@ function runSkeleton(view) {
     el("p", {class: "cmd", id: "command"}),
     el("section", {id: "failure"}),
     el("div", {class: "charts"}, ...["loss", "throughput", "heatmap", "memory"].map(id => el("div", {id, class: "chart"}))),
+    el("div", {class: "charts", id: "logged-charts"}),
     el("h3", {}, "restarts and hang verdicts, warnings"), el("ul", {id: "events"}));
 }
 
@@ -133,7 +134,12 @@ function drawRun(view) {
   drawFailure(view.failure);
   const x = view.series.step;
   plot("loss", [{x, y: view.series.loss, mode: "lines+markers", name: "loss"}], "loss", "step", "loss");
-  plot("throughput", [{x, y: view.series.samples_per_s, mode: "lines+markers", name: "samples/s"}], "throughput", "step", "samples/s");
+  // a script whose DataLoader could not be read has steps/s only
+  const samples = view.series.samples_per_s.some(v => v !== null && v !== undefined);
+  const rate = samples ? view.series.samples_per_s : view.series.steps_per_s;
+  const unit = samples ? "samples/s" : "steps/s";
+  plot("throughput", [{x, y: rate, mode: "lines+markers", name: unit}], "throughput", "step", unit);
+  drawLogged(x, view.logged || {});
   const st = view.step_times;
   const ms = st.z.map(r => r.map(v => v === null ? null : v * 1000));
   // colours saturate at twice the median cell: one slow start-up step must not wash out a straggler
@@ -148,6 +154,19 @@ function drawRun(view) {
   const events = document.getElementById("events");
   events.replaceChildren(...(view.events.length ? view.events.map(e =>
     el("li", {}, (e.at ? new Date(e.at * 1000).toLocaleTimeString() + " " : "") + e.text)) : [el("li", {}, "none")]));
+}
+
+// A script's launcher.log() values, one chart each (every rank's line for per_rank values).
+function drawLogged(x, logged) {
+  const charts = document.getElementById("logged-charts");
+  Object.entries(logged).forEach(([key, values], i) => {
+    const id = `logged-${i}`;
+    if (!document.getElementById(id)) charts.append(el("div", {id, class: "chart logged"}));
+    const traces = Array.isArray(values[0]) || (values.length && values.every(Array.isArray))
+      ? values.map((y, r) => ({x, y, mode: "lines+markers", name: `rank ${r}`}))
+      : [{x, y: values, mode: "lines+markers", name: key}];
+    plot(id, traces, `${key} (launcher.log)`, "step", key);
+  });
 }
 
 // A failed run leads with the rank that failed first and its traceback, not rank 0's knock-on error.
