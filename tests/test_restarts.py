@@ -48,6 +48,23 @@ def test_a_raising_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
     assert [m["step"] for m in read_metrics(run_dir)] == list(range(4, STEPS + 1, 4))
 
 
+@pytest.mark.timeout(700)
+def test_a_restart_across_nodes_meets_in_a_fresh_store(tmp_path, uninterrupted):
+    """--nodes 2 (a static rendezvous, as on SLURM and Ray): the restarted workers once read the dead attempt's
+    gloo addresses from the store they shared with it (2 of 3 restarts failed: connectFullMesh, connection
+    refused). Three restarts in a row, each ending as the uninterrupted run does."""
+    assert JOB[:2] == ["--gpus", "2"]
+    job = ["--nodes", "2", "--gpus", "1", *JOB[2:]]
+    for k in range(3):
+        out = tmp_path / f"round-{k}"
+        result = run_launcher([*job, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path,
+                              env={"LAUNCHER_INJECT_FAULT": "rank=1,step=13"}, timeout=200)
+        assert result.returncode == 0, (k, result.stderr[-3000:])
+        summary = read_summary(only_run_dir(out))
+        assert summary["restarts"] == 1 and summary["resumed_from_step"] == 8, (k, summary)
+        assert_same_training(summary, uninterrupted)
+
+
 def test_each_restart_resumes_and_the_last_failure_is_reported(tmp_path, uninterrupted):
     faults = "rank=1,step=5;rank=0,step=19,attempt=1;rank=0,step=30,attempt=2"
     ok = run_launcher([*JOB, f"output_dir={tmp_path / 'ok'}", "--max-restarts", "3"], cwd=tmp_path,

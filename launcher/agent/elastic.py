@@ -12,6 +12,7 @@ import contextlib
 import logging
 from typing import Any, Iterator
 
+from launcher.agent import elastic_fixes
 from launcher.agent.failures import FailureWatch
 from launcher.agent.processes import WorkerJob, WorkerProcesses
 
@@ -52,6 +53,13 @@ def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord
                 return super()._start_workers(worker_group)
             finally:
                 local_elastic_agent.start_processes = saved
+
+        def _rendezvous(self, worker_group: Any) -> None:
+            super()._rendezvous(worker_group)
+            restart = worker_group.spec.max_restarts - self._remaining_restarts
+            if restart and worker_group.spec.rdzv_handler.get_backend() == "static":
+                timeout_s = worker_group.spec.rdzv_handler.timeout.total_seconds()
+                self._launcher_restart_store = elastic_fixes.restart_workers_store(worker_group, restart, timeout_s)
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)

@@ -11,6 +11,11 @@
   each rendezvous round starts its own server, on this node's address only (launcher.agent.stores).
   A torch without these hooks gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 instead: rank 0 of the
   workers then hosts their store (on every interface, which torch decides there).
+- The static rendezvous (--nodes N on one machine, SLURM, Ray, --master-addr) keeps one store, at
+  --master-port, for the agents and the workers of every attempt: restarted workers read the dead
+  attempt's gloo addresses there and fail ("Gloo connectFullMesh failed ... Connection refused": 2 of
+  3 `--nodes 2 --max-restarts 1` restarts here). Each restart's workers get a store of their own
+  instead, started by node 0's agent, its port passed to the other agents through the agents' store.
 - The c10d rendezvous sleeps a random 0-0.3 s before its first round, to skew several nodes' first
   attempts apart. A job of one node has nothing to skew: there it only delays the first step (by
   0.15 s on average, 4% of a plain script's start here), so single-node jobs skip it.
@@ -22,6 +27,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import sys
 from typing import Any, Dict
 
@@ -85,6 +91,31 @@ def _store_per_round(handler_class: Any) -> bool:
     handler_class.next_rendezvous = next_rendezvous
     handler_class._launcher_store_per_round = True
     return True
+
+
+RESTART_STORE_KEY = "launcher/workers-store/restart-{}"
+
+
+def restart_workers_store(worker_group: Any, restart: int, timeout_s: float) -> Any:
+    """A restart of a static rendezvous: point its workers at a store of their own (see above).
+
+    Node 0's agent starts it on the workers' master address and returns it (keep it while they run);
+    the other agents read its port from the agents' store, waiting up to timeout_s, and return None.
+    """
+    key = RESTART_STORE_KEY.format(restart)
+    store = None
+    if worker_group.group_rank == 0:
+        store = listening_store(worker_group.master_addr, 0, timeout_s)
+        worker_group.store.set(key, str(store.port))
+        port = store.port
+    else:
+        worker_group.store.wait([key], datetime.timedelta(seconds=timeout_s))
+        text = worker_group.store.get(key).decode("ascii", "replace")
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise RuntimeError(f"the workers' store port for restart {restart} read back as {text[:40]!r}")
+        port = int(text)
+    worker_group.master_port = port
+    return store
 
 
 def launch_config(config_class: Any, **fields: Any) -> Any:
