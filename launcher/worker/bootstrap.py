@@ -43,15 +43,20 @@ WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     """Set up, then serve fork requests (launcher/worker/forkserver.py). Returns only in a worker."""
-    die_with_parent(parent)
-    _set_prctl(PR_SET_CHILD_SUBREAPER, 1)  # a worker's orphaned children come back here, to be killed at the end
+    # Not killed with its parent (no PR_SET_PDEATHSIG): when the agent dies, even by SIGKILL, the zygote sees its
+    # socket close (or its parent change) and kills every process it holds first, the workers' own children and
+    # grandchildren included, which as the subreaper it adopts once their parents are gone. Killed with the
+    # agent, it left them to init.
+    if os.getppid() != parent:
+        os._exit(1)  # the agent died before this process started
+    _set_prctl(PR_SET_CHILD_SUBREAPER, 1)
     ignore_stop_signals()
     from importlib.machinery import SourceFileLoader  # loaded at every interpreter's start already
 
     server = types.ModuleType("launcher_forkserver")  # never in sys.modules: a worker holds nothing of the project
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
     SourceFileLoader(server.__name__, path).exec_module(server)
-    return server.serve(lambda: preload(kind), control_fd)
+    return server.serve(lambda: preload(kind), control_fd, parent)
 
 
 def preload(kind: str) -> None:

@@ -18,8 +18,9 @@ from collections.abc import Callable  # torch imports it before any fork: a work
 MAX_MESSAGE = 1 << 20
 
 
-def serve(preload: Callable[[], None], control_fd: int) -> "tuple | None":
-    """preload(), then fork workers on request until the agent hangs up. Returns only in a worker: its spec and fds."""
+def serve(preload: Callable[[], None], control_fd: int, parent: int) -> "tuple | None":
+    """preload(), then fork workers on request until the agent (process `parent`) hangs up or dies; then kill every
+    process this one holds. Returns only in a worker: its spec and fds."""
     sock = socket.socket(fileno=control_fd)
     try:
         preload()
@@ -30,6 +31,8 @@ def serve(preload: Callable[[], None], control_fd: int) -> "tuple | None":
     children = set()
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
+        if os.getppid() != parent:  # the agent died (its socket may live on in a process it started)
+            break
         if readable:
             message, fds = receive(sock)
             if message is None:  # the agent is gone or done
