@@ -11,7 +11,9 @@ import shutil
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -38,12 +40,50 @@ NO_BROWSER = _no_browser_reason()
 needs_browser = pytest.mark.skipif(NO_BROWSER is not None, reason=str(NO_BROWSER))
 
 
+@dataclass(frozen=True)
+class Board:
+    """A started board: the URL it printed (with its ?token=, unless --no-token) and what it printed before."""
+
+    printed: str
+    console: str
+    proc: subprocess.Popen
+
+    @property
+    def base(self) -> str:
+        """http://HOST:PORT, no path, no token."""
+        return base_of(self.printed)
+
+    @property
+    def token(self) -> Optional[str]:
+        return token_of(self.printed)
+
+    def url(self, path: str) -> str:
+        return on_board(self.printed, path)
+
+
+def base_of(printed: str) -> str:
+    parts = urllib.parse.urlsplit(printed)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def token_of(printed: str) -> Optional[str]:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(printed).query)).get("token")
+
+
+def on_board(printed: str, path: str) -> str:
+    """path ("/api/run?path=x") on the board that printed printed, with its token in the query, as a client
+    without the cookie must send it (a page opened so moves the token into a cookie and redirects to itself)."""
+    url, token = base_of(printed) + path, token_of(printed)
+    return url if token is None else f"{url}{'&' if '?' in url else '?'}token={token}"
+
+
 @contextlib.contextmanager
-def board(root: Path, *extra: str) -> Iterator[Tuple[str, subprocess.Popen]]:
-    """A board on a free port serving root: yields its URL; stops it (by its process group) after."""
+def board(root: Path, *extra: str) -> Iterator[Board]:
+    """A board on a free port serving root; stops it (by its process group) after."""
     proc = start_launcher(["board", str(root), "--port", "0", *extra], cwd=root)
     try:
-        yield wait_for_url(proc, timeout=60), proc
+        printed, console = read_url(proc, timeout=60)
+        yield Board(printed, console, proc)
     finally:
         proc.terminate()
         try:
@@ -57,6 +97,12 @@ def board(root: Path, *extra: str) -> Iterator[Tuple[str, subprocess.Popen]]:
 
 
 def wait_for_url(proc: subprocess.Popen, timeout: float) -> str:
+    """The URL the board printed, as printed: with its ?token= (unless --no-token)."""
+    return read_url(proc, timeout)[0]
+
+
+def read_url(proc: subprocess.Popen, timeout: float) -> Tuple[str, str]:
+    """The URL the board printed, and everything it printed up to and with that line."""
     assert proc.stdout is not None
     deadline, seen = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
@@ -64,16 +110,17 @@ def wait_for_url(proc: subprocess.Popen, timeout: float) -> str:
         if ready:
             line = proc.stdout.readline()
             seen += line
-            match = re.search(r"(http://\S+?)/? ", line)
+            match = re.search(r"^board: (http://\S+) ", line)
             if match:
-                return match.group(1)
+                return match.group(1), seen
             if not line and proc.poll() is not None:
                 break
     raise AssertionError(f"the board printed no URL within {timeout}s:\n{seen}")
 
 
-def get(url: str, host: Optional[str] = None, method: str = "GET") -> Tuple[int, bytes]:
-    request = urllib.request.Request(url, method=method, headers={"Host": host} if host else {})
+def get(url: str, host: Optional[str] = None, method: str = "GET",
+        headers: Optional[Dict[str, str]] = None) -> Tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, headers={**({"Host": host} if host else {}), **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.read()

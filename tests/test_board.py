@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.board.views import heatmap, inside
-from tests.board_helpers import board, browser_page, get, get_json, needs_browser
+from tests.board_helpers import Board, board, browser_page, get, get_json, needs_browser
 from tests.helpers import QUICK, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,8 +29,8 @@ def runs(tmp_path_factory) -> Path:
     return out
 
 
-def board_rows(url: str) -> list:
-    return get_json(f"{url}/api/runs")["runs"]
+def board_rows(b: Board) -> list:
+    return get_json(b.url("/api/runs"))["runs"]
 
 
 # --- pure units -----------------------------------------------------------------------------------------
@@ -70,8 +70,8 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
     assert code == 2 and len(err) == 1 and "not a directory" in err[0], err
     code, err = board_command([str(runs)], tmp_path, prelude="sys.modules['flask'] = None")
     assert code == 2 and err == ["error: the board needs flask: pip install -e .[board]"], err
-    with board(runs) as (url, _):
-        port = url.rsplit(":", 1)[1]
+    with board(runs) as b:
+        port = b.base.rsplit(":", 1)[1]
         code, err = board_command([str(runs), "--port", port], tmp_path)
     assert code == 2 and len(err) == 1 and "--port" in err[0], err
     assert sorted(os.listdir(tmp_path)) == [], "a refused board leaves nothing behind"
@@ -93,19 +93,19 @@ def test_only_files_under_the_output_directory_are_served(runs, tmp_path):
     link = runs / "link-out"
     link.symlink_to(secret)
     try:
-        with board(runs) as (url, _):
-            assert get(f"{url}/api/run?path=done")[0] == 200
-            assert "[rank1]: " in get(f"{url}/api/logs?path=done&rank=all")[1].decode()
+        with board(runs) as b:
+            assert get(b.url("/api/run?path=done"))[0] == 200
+            assert "[rank1]: " in get(b.url("/api/logs?path=done&rank=all"))[1].decode()
             for path in ("..", f"../{secret.name}", str(secret), "link-out", "done/../..", "%2e%2e", "done/../../etc"):
                 for api in ("run", "logs"):
-                    status, body = get(f"{url}/api/{api}?path={path}")
+                    status, body = get(b.url(f"/api/{api}?path={path}"))
                     assert status == 404 and b"SECRET" not in body, (api, path, status)
             for path in ("/static/..%2fviews.py", "/static/../views.py", "/static/%2e%2e%2fserver.py", "/../../etc/passwd"):
-                status, body = get(url + path)
+                status, body = get(b.url(path))
                 assert status == 404 and b"import" not in body, (path, status)
-            assert get(f"{url}/api/logs?path=done&rank=../../x")[0] == 400
-            assert get(f"{url}/api/runs", host="attacker.example:80")[0] == 403  # DNS rebinding
-            assert get(f"{url}/api/runs", method="POST")[0] == 405  # read-only
+            assert get(b.url("/api/logs?path=done&rank=../../x"))[0] == 400
+            assert get(b.url("/api/runs"), host="attacker.example:80")[0] == 403  # DNS rebinding
+            assert get(b.url("/api/runs"), method="POST")[0] == 405  # read-only
     finally:
         link.unlink()
 
@@ -113,8 +113,8 @@ def test_only_files_under_the_output_directory_are_served(runs, tmp_path):
 def test_the_run_api_has_every_rank_step_times_and_memory(runs):
     metrics = read_metrics(runs / "done")
     assert all(len(m["step_time_s_per_rank"]) == 2 and len(m["rss_mb_per_rank"]) == 2 for m in metrics)
-    with board(runs) as (url, _):
-        view = get_json(f"{url}/api/run?path=done")
+    with board(runs) as b:
+        view = get_json(b.url("/api/run?path=done"))
     assert view["status"] == "completed" and view["step"] == 20 and view["steps"] == 20
     assert view["series"]["step"] == [5, 10, 15, 20] and all(loss > 0 for loss in view["series"]["loss"])
     assert view["step_times"]["ranks"] == [0, 1] and len(view["step_times"]["z"][1]) == 4
@@ -135,8 +135,8 @@ def script_runs(tmp_path_factory) -> Path:
 
 
 def test_a_scripts_run_view_has_its_step_rate_ranks_memory_and_every_launcher_log_series(script_runs):
-    with board(script_runs) as (url, _):
-        view = get_json(f"{url}/api/run?path=script")
+    with board(script_runs) as b:
+        view = get_json(b.url("/api/run?path=script"))
     assert view["status"] == "completed" and view["steps"] is None and view["step"] == 3 * 1024 // 2 // 16
     assert [s for s in view["series"]["steps_per_s"] if s] and [s for s in view["series"]["loss"] if s]
     assert view["step_times"]["ranks"] == [0, 1] and len(view["memory"]["mb"]) == 2
@@ -146,8 +146,8 @@ def test_a_scripts_run_view_has_its_step_rate_ranks_memory_and_every_launcher_lo
 
 @needs_browser
 def test_a_scripts_page_draws_its_launcher_log_series(script_runs):
-    with board(script_runs) as (url, _), browser_page() as page:
-        page.goto(url + "/run?path=script")
+    with board(script_runs) as b, browser_page() as page:
+        page.goto(b.url("/run?path=script"))
         page.wait_for_selector("#logged-charts .chart .main-svg")
         assert page.locator("#logged-charts .chart").count() == 2
         assert page.locator("#throughput .scatterlayer .trace").count() == 1
@@ -165,9 +165,9 @@ def test_restarts_and_hang_verdicts_show_in_the_run_view(tmp_path):
     hung = run_launcher([*common, "run_id=hung", "watchdog.timeout_s=5"], cwd=tmp_path, timeout=240,
                         env={"LAUNCHER_INJECT_FAULT": "rank=1,step=5,action=hang"})
     assert hung.returncode != 0
-    with board(tmp_path) as (url, _):
-        restarted = get_json(f"{url}/api/run?path=restarted")
-        hang = get_json(f"{url}/api/run?path=hung")
+    with board(tmp_path) as b:
+        restarted = get_json(b.url("/api/run?path=restarted"))
+        hang = get_json(b.url("/api/run?path=hung"))
     assert restarted["status"] == "completed" and restarted["restarts"] == 1 and restarted["step"] == 30
     texts = [e["text"] for e in restarted["events"]]
     assert texts[0] == "attempt 0 failed" and any("rank 1 failed" in t and "restarting" in t for t in texts), texts
@@ -179,8 +179,8 @@ def test_restarts_and_hang_verdicts_show_in_the_run_view(tmp_path):
 
 @needs_browser
 def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
-    with board(runs) as (url, _), browser_page() as page:
-        page.goto(url + "/")
+    with board(runs) as b, browser_page() as page:
+        page.goto(b.url("/"))
         page.wait_for_selector("#runs tbody tr")
         on_screen = {tr.get_attribute("data-run-id"): tr.inner_text().split("\t")
                      for tr in page.query_selector_all("#runs tbody tr.run")}
@@ -212,8 +212,8 @@ def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
         deadline = time.monotonic() + 120
         while not (runs / "live" / "plan.json").is_file() and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.2)  # the page of a run that does not exist yet is a 404 (a console error)
-        with board(runs) as (url, _), browser_page() as page:
-            page.goto(url + "/run?path=live")
+        with board(runs) as b, browser_page() as page:
+            page.goto(b.url("/run?path=live"))
             step = page.locator("#step")
             page.wait_for_function("/step [1-9]\\d*\\//.test(document.querySelector('#step')?.textContent || '')",
                                    timeout=180_000)
@@ -221,7 +221,7 @@ def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
             assert page.inner_text("#status") == "status: running"
             page.wait_for_function(f"parseInt(((document.querySelector('#step')?.textContent || '').match(/step (\\d+)/) || [0, 0])[1]) > {first}",
                                    timeout=60_000)
-            page.goto(url + "/")
+            page.goto(b.base + "/")  # the cookie the first page left: no token needed again
             page.wait_for_selector("#runs tr[data-run-id='live'] td.status")
             assert page.inner_text("#runs tr[data-run-id='live'] td.status") == "running"
             assert page.errors == []
@@ -229,8 +229,8 @@ def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
         kill_group(job)
         job.communicate(timeout=30)
     time.sleep(0.5)
-    with board(runs) as (url, _):
-        assert {r["run_id"]: r["status"] for r in board_rows(url)}["live"] == "dead"  # killed: its lock is gone
+    with board(runs) as b:
+        assert {r["run_id"]: r["status"] for r in board_rows(b)}["live"] == "dead"  # killed: its lock is gone
 
 
 @needs_browser
@@ -249,8 +249,8 @@ def test_a_sweep_shows_its_members_and_a_failed_member_its_failure(tmp_path):
     (sweep / "sweep.json").write_text(json.dumps({
         "kind": "sweep", "sweep_id": "sweep-t", "created": time.time(), "cluster": "local", "keys": ["trainer.steps"],
         "base_args": ["--gpus", "1"], "members": members}))
-    with board(out) as (url, _), browser_page() as page:
-        page.goto(url + "/")
+    with board(out) as b, browser_page() as page:
+        page.goto(b.url("/"))
         page.wait_for_selector("#runs tr.member")
         assert [tr.inner_text().split("\t")[:3] for tr in page.query_selector_all("#runs tr.member")] == [
             ["trainer.steps=8", "local", "completed"], ["trainer.steps=12", "local", "failed"]]

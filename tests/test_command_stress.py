@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.board_helpers import wait_for_url
+from tests.board_helpers import on_board, wait_for_url
 from tests.helpers import QUICK, communicate_bounded, group_processes, kill_group, run_launcher, start_launcher
 
 ROUNDS = int(os.environ.get("LAUNCHER_STRESS_ROUNDS", "3"))
@@ -50,7 +50,7 @@ def test_the_board_starts_serves_and_stops_every_time(finished_run, how):
         proc = start_launcher(["board", str(finished_run), "--port", "0"], cwd=finished_run)
         try:
             url = wait_for_url(proc, timeout=60)
-            with urllib.request.urlopen(f"{url}/api/runs", timeout=30) as response:
+            with urllib.request.urlopen(on_board(url, "/api/runs"), timeout=30) as response:
                 assert b'"done"' in response.read()
             os.killpg(proc.pid, how)  # as a terminal's Ctrl-C, or a service manager's stop
             out = ended(proc, 20)

@@ -50,8 +50,8 @@ def test_the_root_cause_leads_ls_logs_and_the_board(runs):
     assert logs.stdout == run_launcher(["logs", str(runs / "boom"), "--rank", "1"], cwd=runs, timeout=60).stdout
     assert "rank 1's log follows, the root cause" in logs.stderr, logs.stderr
 
-    with board(runs) as (url, _):
-        view = get_json(f"{url}/api/run?path=boom")
+    with board(runs) as b:
+        view = get_json(b.url("/api/run?path=boom"))
     failure = view["failure"]
     assert failure["rank"] == 1 and failure["error"].startswith("rank 1 failed"), failure
     traceback = failure["traceback"]
@@ -62,8 +62,8 @@ def test_the_root_cause_leads_ls_logs_and_the_board(runs):
 
 @needs_browser
 def test_the_run_page_leads_with_the_root_cause_before_its_charts(runs):
-    with board(runs) as (url, _), browser_page() as page:
-        page.goto(f"{url}/run?path=boom")
+    with board(runs) as b, browser_page() as page:
+        page.goto(b.url("/run?path=boom"))
         page.wait_for_selector("#failure-traceback")
         assert page.inner_text("#failure h3") == "root cause: rank 1 failed first"
         assert page.inner_text("#failure-traceback").endswith("ValueError: boom on rank 1 at step 5")
@@ -86,9 +86,9 @@ def test_the_restart_count_is_the_restarts_made_not_the_failure_records(runs):
     table = run_launcher(["ls", str(runs)], cwd=runs, timeout=60).stdout.splitlines()
     column = table[0].index("restarts")
     assert [line[column:].split()[0] for line in table if line.startswith(("once ", "always "))] == ["1", "2"], table
-    with board(runs) as (url, _):
+    with board(runs) as b:
         for run_id, restarts, failures in (("once", 1, 1), ("always", 2, 3)):
-            view = get_json(f"{url}/api/run?path={run_id}")
+            view = get_json(b.url(f"/api/run?path={run_id}"))
             assert view["restarts"] == restarts, (run_id, view["restarts"], view["events"])
             attempts = [e["text"] for e in view["events"] if e["text"].startswith("attempt ")]
             assert attempts == [f"attempt {a} failed" for a in range(failures)], view["events"]  # each failure, named

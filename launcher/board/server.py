@@ -3,19 +3,22 @@
 Read-only and GET-only: every path a request names is resolved under the output directory first
 (launcher.board.views.inside) and refused with 404 otherwise. Requests whose Host header is not the
 address the board was started on are refused too, so a web page elsewhere cannot read runs through
-a DNS name it points at 127.0.0.1 (DNS rebinding).
+a DNS name it points at 127.0.0.1 (DNS rebinding), and so are requests without the board's token
+(launcher.board.auth), so that another user of the machine cannot read runs through it.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import sys
 from pathlib import Path
-from typing import Any, Set
+from typing import Any, Optional, Set
 
 import plotly
 from flask import Flask, abort, jsonify, request, send_file, send_from_directory
 
+from launcher.board.auth import QUERY, require_token
 from launcher.board.groups import group_row, group_view
 from launcher.board.runlist import board_runs
 from launcher.board.views import inside, log_view, run_view
@@ -23,6 +26,7 @@ from launcher.board.views import inside, log_view, run_view
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 LOG_LINES = 500
+PAGES = {"page"}  # the endpoint a person opens: a token in its query moves into a cookie
 
 
 def create_app(root: Path, allowed: Set[str]) -> Flask:
@@ -99,20 +103,29 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(root: Path, host: str, sock: socket.socket) -> None:
-    """Serve on sock until interrupted; prints the URL first."""
+def serve(root: Path, host: str, sock: socket.socket, token: Optional[str]) -> None:
+    """Serve on sock until interrupted, answering only requests with token (None: every request);
+    prints the URL first, with the token: the only place the token is ever written."""
     from werkzeug.serving import make_server
 
     allowed: Set[str] = set()
     bound = sock.getsockname()[1]
+    app = create_app(root, allowed)
+    if token is not None:
+        require_token(app, token, bound, PAGES)
     # werkzeug takes the bound socket as is (fd=): its own bind would end the process on an address in use
-    server = make_server(host, bound, create_app(root, allowed), threaded=True, fd=sock.fileno())
+    server = make_server(host, bound, app, threaded=True, fd=sock.fileno())
     shown = f"[{host}]" if ":" in host else host
     allowed.add(f"{shown}:{bound}")
     if host in ("127.0.0.1", "::1"):
         allowed.add(f"localhost:{bound}")
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per poll
-    print(f"board: http://{shown}:{bound}/ (runs under {root}; Ctrl-C stops it)", flush=True)
+    # not a line per poll; and werkzeug's request lines would carry a ?token= query
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    if token is None:
+        print(f"warning: --no-token: anyone who can reach {shown}:{bound} (every user of this machine) can read "
+              f"the runs under {root} through the board", file=sys.stderr, flush=True)
+    query = f"?{QUERY}={token}" if token is not None else ""
+    print(f"board: http://{shown}:{bound}/{query} (runs under {root}; Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()
     finally:
