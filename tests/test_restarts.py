@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_metrics, read_summary, run_launcher
@@ -100,6 +101,28 @@ def test_a_sigkilled_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
         kill_group(proc)
     assert proc.returncode == 0, err
     assert "attempt 0: rank 1 failed: killed by SIGKILL" in err
+    summary = read_summary(only_run_dir(tmp_path))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 16
+    assert_same_training(summary, uninterrupted)
+
+
+def test_a_killed_zygote_is_replaced_and_the_job_resumes(tmp_path, uninterrupted):
+    """The zygote that forks the workers, SIGKILLed mid-run: its workers die with it, and the restart forks from a
+    new zygote (it once wrote to the dead one's socket: a BrokenPipeError traceback and no summary)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
+        env=launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=21,action=hang"}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        zygote = psutil.Process(wait_for_hang(tmp_path)).parent()
+        assert "zygote" in zygote.cmdline(), zygote.cmdline()
+        zygote.kill()  # a real kill of the real zygote, from outside
+        out, err = proc.communicate(timeout=150)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err
+    assert f"the worker zygote (pid {zygote.pid}) is gone" in err and "Traceback" not in err
     summary = read_summary(only_run_dir(tmp_path))
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 16
     assert_same_training(summary, uninterrupted)

@@ -101,6 +101,10 @@ class WorkerProcesses(PContext):
     def _start(self) -> None:
         base = self.base_env()
         zygote = Zygote.current() if self.job.start_method == "fork" else None
+        if zygote is not None and zygote.proc.poll() is not None:  # killed: its workers went with it
+            log.warning(f"the worker zygote (pid {zygote.proc.pid}) is gone (exit code {zygote.proc.returncode}): "
+                        "starting a new one for this attempt's workers")
+            zygote = None
         if self.job.start_method == "fork" and zygote is None:
             zygote = Zygote.start("trainer" if self.job.kind == "trainer" else "script", base)
         for local_rank in range(self.nprocs):
