@@ -50,3 +50,8 @@ class Interrupted(KeyboardInterrupt):
 
 class HangError(LauncherError):
     """The watchdog saw ranks stop making progress; the message names them and where they were."""
+
+
+class RunDirLostError(LauncherError):
+    """The run directory was deleted, moved or made read-only while the job ran: the job was stopped and
+    nothing more is written there; the message says what was kept and where."""

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, TypeVar
 
 from launcher.agent import flight
 from launcher.agent.progress import SLOWEST_FACTOR, Progress, RankBeat
+from launcher.agent.rundir_guard import run_dir_guarded
 from launcher.agent.stacks import (DUMP_WAIT_S, NATIVE_WAIT_S, dump_loader_workers, dump_native, dump_stacks,
                                    in_data_loader, in_setup, innermost_frame, trigger_nccl_dumps, where)
 from launcher.runtime.beats import read_beat
@@ -256,5 +257,5 @@ def run_watched(run_dir: str, config: Dict[str, Any], launch: Callable[[], T], a
     timeout_s = float(dog.get("timeout_s", 0))
     if announce and timeout_s > 0:
         log.info(what_is_watched(config))
-    with node_watchdog(run_dir, timeout_s, float(dog.get("start_timeout_s", 0)), peers):
+    with run_dir_guarded(run_dir), node_watchdog(run_dir, timeout_s, float(dog.get("start_timeout_s", 0)), peers):
         return launch()

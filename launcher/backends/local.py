@@ -18,7 +18,7 @@ from launcher.agent.launch import first_result, run_node
 from launcher.agent.processes import result_file
 from launcher.backends.addresses import choose_interface
 from launcher.config.schema import Config, to_dict
-from launcher.errors import HangError, LauncherError, WorkerFailedError
+from launcher.errors import HangError, LauncherError, RunDirLostError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
 from launcher.runtime import env
@@ -59,6 +59,8 @@ def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optio
             results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
         finally:
             interrupts.recording()  # the agent is done: a signal now waits for the summary (launcher.interrupts)
+    except RunDirLostError:
+        raise  # nothing can be written there: the error says what is left
     except LauncherError as e:
         if isinstance(e, WorkerFailedError) and e.root_cause:
             base["root_cause"] = e.root_cause  # what ls, logs and the board lead with
