@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
+from launcher.agent.watching import watched_by
 from launcher.agent.zygote import Zygote
 from launcher.errors import RunDirLostError
 
@@ -121,16 +122,5 @@ def run_dir_guarded(run_dir: str) -> Iterator[None]:
     if expected is None:
         yield
         return
-    guard = RunDirGuard(path, expected)
-    guard.start()
-    try:
+    with watched_by(RunDirGuard(path, expected), RunDirLostError, 5):
         yield
-    except BaseException as e:
-        if guard.verdict:
-            raise RunDirLostError(guard.verdict) from None
-        raise
-    finally:
-        guard.stop()
-        guard.join(timeout=5)
-    if guard.verdict:
-        raise RunDirLostError(guard.verdict)

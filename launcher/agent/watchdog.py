@@ -27,6 +27,7 @@ from launcher.agent.progress import SLOWEST_FACTOR, Progress, RankBeat
 from launcher.agent.rundir_guard import run_dir_guarded
 from launcher.agent.stacks import (DUMP_WAIT_S, NATIVE_WAIT_S, dump_loader_workers, dump_native, dump_stacks,
                                    in_data_loader, in_setup, innermost_frame, trigger_nccl_dumps, where)
+from launcher.agent.watching import watched_by
 from launcher.runtime.beats import read_beat
 from launcher.errors import HangError
 
@@ -234,19 +235,8 @@ def node_watchdog(run_dir: str, timeout_s: float, start_timeout_s: float = 0.0,
     if timeout_s <= 0:
         yield None
         return
-    dog = Watchdog(run_dir, timeout_s, start_timeout_s, peers)
-    dog.start()
-    try:
+    with watched_by(Watchdog(run_dir, timeout_s, start_timeout_s, peers), HangError, DUMP_WAIT_S + NATIVE_WAIT_S + 2) as dog:
         yield dog
-    except BaseException as e:
-        if dog.verdict:
-            raise HangError(dog.verdict) from e
-        raise
-    finally:
-        dog.stop()
-        dog.join(timeout=DUMP_WAIT_S + NATIVE_WAIT_S + 2)
-    if dog.verdict:
-        raise HangError(dog.verdict)
 
 
 def run_watched(run_dir: str, config: Dict[str, Any], launch: Callable[[], T], announce: bool = True,
