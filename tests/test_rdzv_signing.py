@@ -156,6 +156,24 @@ def test_a_state_torch_would_take_for_no_rendezvous_yet_is_refused_once_one_was_
         backend.get_state()
 
 
+@pytest.mark.parametrize("own_secret", [True, False], ids=["simulated-nodes", "nodes-on-machines"])
+def test_a_handshake_value_not_signed_by_the_job_is_named_for_who_can_have_written_it(own_secret):
+    from types import SimpleNamespace
+
+    from launcher.backends.handshake import NodeHandshake
+    from launcher.errors import RendezvousAuthError
+
+    plan = SimpleNamespace(rdzv_endpoint="127.0.0.1:29400", rdzv_timeout_s=5, rdzv_id="job", rdzv_backend="static")
+    handshake = NodeHandshake(plan, 0, b"secret", own_secret=own_secret)
+    assert handshake._load_json("reference", handshake._dump("reference", '{"token": "t"}')) == {"token": "t"}
+    with pytest.raises(RendezvousAuthError) as caught:
+        handshake._load_json("reference", b'{"token": "forged"}')
+    said = str(caught.value)
+    assert "127.0.0.1:29400" in said
+    assert ("another user or process wrote to this job's store" in said) == own_secret, said
+    assert ("give every node the same secret" in said) != own_secret, said
+
+
 # -- real nodes ------------------------------------------------------------------------------
 def test_a_two_node_c10d_job_with_a_secret_completes_and_keeps_it_from_workers_and_records(tmp_path):
     secret = "s3cr3t-" + "ab" * 20

@@ -93,7 +93,7 @@ class SignedBackend(RendezvousBackend):
 
     def _refused(self, reason: str) -> UnsignedStateError:
         if self._own:
-            return UnsignedStateError(foreign_value_message(self._where, f"the rendezvous state: {reason}"))
+            return UnsignedStateError(signing.foreign_value_message(self._where, f"the rendezvous state: {reason}"))
         return UnsignedStateError(unsigned_state_message(self._where, reason))
 
 
@@ -102,11 +102,6 @@ def unsigned_state_message(where: str, reason: str) -> str:
             "same port, a node given another secret, or tampering); nothing of it was loaded: give every node "
             f"the same secret (--rdzv-secret-file or {env.RDZV_SECRET}), or pick another port")
 
-
-def foreign_value_message(where: str, what: str) -> str:
-    """A one-machine job's store (on loopback, its secret its own) holds a value this job did not write."""
-    return (f"the job's store at {where} holds a value not signed by this job (another user or process wrote to "
-            f"this job's store): {what}; the job was stopped and nothing of it was loaded (README, Security)")
 
 
 def _create_signed_handler(params: RendezvousParameters) -> Any:
