@@ -103,7 +103,6 @@ def unsigned_state_message(where: str, reason: str) -> str:
             f"the same secret (--rdzv-secret-file or {env.RDZV_SECRET}), or pick another port")
 
 
-
 def _create_signed_handler(params: RendezvousParameters) -> Any:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
