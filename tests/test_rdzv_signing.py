@@ -127,6 +127,53 @@ def test_the_rendezvous_backend_refuses_a_forged_state_before_unpickling_it(tmp_
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("found", ["garbage", "reset", "removed"])
+def test_a_state_torch_would_take_for_no_rendezvous_yet_is_refused_once_one_was_seen(found):
+    from torch.distributed.elastic.rendezvous.api import RendezvousStateError
+
+    from launcher.agent.signed_rdzv import SignedBackend, UnsignedStateError
+
+    class Inner:  # torch's C10dRendezvousBackend after someone wrote over the state
+        state = None
+
+        def get_state(self):
+            if found == "garbage" and self.state is not None:
+                raise RendezvousStateError("The state object is corrupt.")  # torch's, for a value that is not base64
+            return None if found == "reset" and self.state is not None else (self.state, b"token")
+
+        def set_state(self, state, token=None):
+            self.state = state
+            return state, b"token", True
+
+    class Store:  # the raw store under it: check() says whether the state key is there
+        def check(self, keys):
+            return found != "removed"
+
+    backend = SignedBackend(Inner(), b"secret", "127.0.0.1:29400", "job", store=Store(), own_secret=True)
+    assert backend.set_state(b"state")[0] == b"state"  # seen: from now on there is always a signed state
+    with pytest.raises(UnsignedStateError, match=r"store at 127.0.0.1:29400 holds a value not signed by this job "
+                                                 r"\(another user or process wrote to this job's store\)"):
+        backend.get_state()
+
+
+@pytest.mark.parametrize("own_secret", [True, False], ids=["simulated-nodes", "nodes-on-machines"])
+def test_a_handshake_value_not_signed_by_the_job_is_named_for_who_can_have_written_it(own_secret):
+    from types import SimpleNamespace
+
+    from launcher.backends.handshake import NodeHandshake
+    from launcher.errors import RendezvousAuthError
+
+    plan = SimpleNamespace(rdzv_endpoint="127.0.0.1:29400", rdzv_timeout_s=5, rdzv_id="job", rdzv_backend="static")
+    handshake = NodeHandshake(plan, 0, b"secret", own_secret=own_secret)
+    assert handshake._load_json("reference", handshake._dump("reference", '{"token": "t"}')) == {"token": "t"}
+    with pytest.raises(RendezvousAuthError) as caught:
+        handshake._load_json("reference", b'{"token": "forged"}')
+    said = str(caught.value)
+    assert "127.0.0.1:29400" in said
+    assert ("another user or process wrote to this job's store" in said) == own_secret, said
+    assert ("give every node the same secret" in said) != own_secret, said
+
+
 # -- real nodes ------------------------------------------------------------------------------
 def test_a_two_node_c10d_job_with_a_secret_completes_and_keeps_it_from_workers_and_records(tmp_path):
     secret = "s3cr3t-" + "ab" * 20

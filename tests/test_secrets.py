@@ -1,7 +1,8 @@
 """Secrets stay out of a run's records, and its files follow the user's umask.
 
-Units for the redaction mapping (pure), then one real run: a script that writes the argv it
-received, launched under umask 027 with secret-looking arguments.
+Units for the redaction mapping (pure; a table of the forms redacted and of those kept), then real
+runs: a script that writes the argv and environment it received, launched under umask 027 with
+secret-looking arguments, overrides and environment values; and the same command's --dry-run print.
 """
 
 from __future__ import annotations
@@ -13,20 +14,82 @@ import sys
 import pytest
 
 from launcher.config.schema import load_config, to_dict, to_yaml
-from launcher.config.secrets import REDACTED, redact
+from launcher.config.secrets import REDACTED, redact, redact_text
 from launcher.runtime.config import config_record
 from tests.helpers import REPO, only_run_dir, run_bounded
 
 WANDB_LIKE = "0123456789abcdef0123456789abcdef01234567"  # the shape of a W&B API key
 ARGV = ["--api-key", "k-one", "--token=k-two", "AWS_SECRET_KEY=k-three", "HF_TOKEN=k-four", "--password", "k-five",
-        "--lr", "0.1", WANDB_LIKE, "AKIAABCDEFGHIJKLMNOP", "--keep", "3", "--epochs", "2"]
-SECRETS = ["k-one", "k-two", "k-three", "k-four", "k-five", WANDB_LIKE, "AKIAABCDEFGHIJKLMNOP"]
+        "--lr", "0.1", WANDB_LIKE, "AKIAABCDEFGHIJKLMNOP", "--keep", "3", "--epochs", "2",
+        "--auth", "k-six", "--auth=k-seven", "-k", "k-eight", "-p", "k-nine", "-P", "k-ten", "-pk-eleven",
+        "--db", "postgres://u:k-twelve@db.example/prod", "--hub=https://user:k-thirteen@hub.example/x",
+        "--repo", "https://Kfourteen0tokenXYZ@git.example/r.git",
+        "-p", "/data/x", "-P", "8080", "-k", "./keys", "--mirror", "ssh://git@git.example/r.git"]
+SECRETS = ["k-one", "k-two", "k-three", "k-four", "k-five", WANDB_LIKE, "AKIAABCDEFGHIJKLMNOP", "k-six", "k-seven",
+           "k-eight", "k-nine", "k-ten", "k-eleven", "k-twelve", "k-thirteen", "Kfourteen0tokenXYZ"]
+# Where else a secret can come in: an override (recorded in config.yaml and sent to W&B) and an environment
+# variable the run's record keeps (env/<host>.json's distributed variables).
+OVERRIDES = ["slurm.extra={comment: 'postgres://u:k-fifteen@h/db'}", "wandb.tags=[ok,https://u:k-sixteen@h]"]
+ENV = {"TORCH_MIRROR_URL": "https://mirror:k-seventeen@mirror.example/simple"}
+SECRETS += ["k-fifteen", "k-sixteen", "k-seventeen"]
+
+# (argument list, what the records show): every form the records redact, and the look-alikes they keep.
+FORMS = [
+    (["--auth", "X"], ["--auth", REDACTED]),
+    (["--auth=X"], ["--auth=" + REDACTED]),
+    (["--basic-auth", "u:pw"], ["--basic-auth", REDACTED]),
+    (["--author", "me"], ["--author", "me"]),  # not an auth flag
+    (["-k", "X"], ["-k", REDACTED]),
+    (["-p", "X"], ["-p", REDACTED]),
+    (["-P", "X"], ["-P", REDACTED]),
+    (["-p=X"], ["-p=" + REDACTED]),
+    (["-pX"], ["-p" + REDACTED]),  # mysql's form
+    (["-p", "/data/x"], ["-p", "/data/x"]),  # a path: -p is a path or a port for many tools
+    (["-p", "./x"], ["-p", "./x"]),
+    (["-p", "../x"], ["-p", "../x"]),
+    (["-P", "~/x"], ["-P", "~/x"]),
+    (["-p", "8080"], ["-p", "8080"]),  # a number: a port, a count
+    (["-p", "0.5"], ["-p", "0.5"]),
+    (["-p5432"], ["-p5432"]),
+    (["-p=/data/x"], ["-p=/data/x"]),
+    (["-k", "-v"], ["-k", "-v"]),  # -k as a switch, followed by another flag
+    (["-k"], ["-k"]),
+    (["-v", "X"], ["-v", "X"]),
+    (["postgres://u:PASS@h/db"], ["postgres://u:" + REDACTED + "@h/db"]),
+    (["https://user:token@host"], ["https://user:" + REDACTED + "@host"]),
+    (["--db=mysql://root:PASS@h:3306/x"], ["--db=mysql://root:" + REDACTED + "@h:3306/x"]),
+    (["redis://:PASS@h:6379"], ["redis://:" + REDACTED + "@h:6379"]),  # no user, a password
+    (["https://ghp_abcdefghijklmnopqrstuvwxyz@github.com/o/r"], ["https://" + REDACTED + "@github.com/o/r"]),
+    (["https://AbC123xyzTOKEN@host/r.git"], ["https://" + REDACTED + "@host/r.git"]),  # a lone token
+    (["https://a1b2c3d4e5f6@host/r"], ["https://" + REDACTED + "@host/r"]),  # lower case, but many digits
+    (["ssh://git@github.com/o/r"], ["ssh://git@github.com/o/r"]),  # a lone login name stays
+    (["ftp://anonymous@h/f"], ["ftp://anonymous@h/f"]),
+    (["https://host/path@v2"], ["https://host/path@v2"]),  # an @ after the host is no userinfo
+    (["https://host/x?q=a@b"], ["https://host/x?q=a@b"]),
+    (["user@host:/path"], ["user@host:/path"]),  # scp's form: no scheme, no password
+]
+
+
+@pytest.mark.parametrize("argv,shown", FORMS, ids=[" ".join(f[0]) for f in FORMS])
+def test_each_form_is_redacted_or_kept(argv, shown):
+    assert redact(argv) == shown
+
+
+def test_urls_in_values_and_free_text_lose_their_credentials():
+    assert redact({"DATABASE_URL": "postgres://u:PASS@h/db", "note": "see https://u:PASS@h/x and ssh://git@h"}) == {
+        "DATABASE_URL": f"postgres://u:{REDACTED}@h/db", "note": f"see https://u:{REDACTED}@h/x and ssh://git@h"}
+    assert redact({"auth": "x", "author": "y"}) == {"auth": REDACTED, "author": "y"}
+    assert redact_text('URL = "https://u:PASS@h/x"\n') == f'URL = "https://u:{REDACTED}@h/x"\n'
 
 
 def test_script_arguments_are_redacted_and_the_rest_kept():
     assert redact(ARGV) == ["--api-key", REDACTED, "--token=" + REDACTED, "AWS_SECRET_KEY=" + REDACTED,
                             "HF_TOKEN=" + REDACTED, "--password", REDACTED, "--lr", "0.1", REDACTED, REDACTED,
-                            "--keep", "3", "--epochs", "2"]
+                            "--keep", "3", "--epochs", "2",
+                            "--auth", REDACTED, "--auth=" + REDACTED, "-k", REDACTED, "-p", REDACTED, "-P", REDACTED,
+                            "-p" + REDACTED, "--db", f"postgres://u:{REDACTED}@db.example/prod",
+                            f"--hub=https://user:{REDACTED}@hub.example/x", "--repo", f"https://{REDACTED}@git.example/r.git",
+                            "-p", "/data/x", "-P", "8080", "-k", "./keys", "--mirror", "ssh://git@git.example/r.git"]
     assert redact(("python", "train.py", "--token", "x")) == ("python", "train.py", "--token", REDACTED)
 
 
@@ -37,31 +100,56 @@ def test_config_keys_and_key_shaped_values_are_redacted():
                       "extra": {"comment": REDACTED}, "monkey": "z", "empty_token": ""}
 
 
-def test_the_w_and_b_record_and_config_yaml_hold_no_secret():
-    cfg = load_config(None, [f"slurm.extra={{comment: {WANDB_LIKE}}}", "wandb.tags=[ok,hf_abcdefghijklmnopqrstuvwx]"])
+def test_the_w_and_b_record_and_config_yaml_hold_no_secret(tmp_path):
+    (tmp_path / "x.py").write_text("pass\n")
+    cfg = load_config(None, [f"slurm.extra={{comment: {WANDB_LIKE}}}", "wandb.tags=[ok,hf_abcdefghijklmnopqrstuvwx]",
+                             f"script.path={tmp_path / 'x.py'}", f"script.args={json.dumps(ARGV)}", *OVERRIDES[:1]])
     assert WANDB_LIKE in json.dumps(to_dict(cfg))  # the job itself gets the real values
+    assert "k-fifteen" in json.dumps(to_dict(cfg)) and "k-twelve" in json.dumps(to_dict(cfg))
     for text in (json.dumps(config_record(cfg)), to_yaml(cfg)):
         assert WANDB_LIKE not in text and "hf_abcdefghijklmnopqrstuvwx" not in text and "ok" in text
+        assert [s for s in SECRETS if s in text] == [], text
 
 
 @pytest.mark.timeout(180)
 def test_a_real_run_records_no_secret_gives_the_script_its_argv_and_follows_the_umask(tmp_path):
     script = tmp_path / "argv.py"
+    # each rank checks it got the real values (a redacted one would fail it), rank 0 writes what it got
     script.write_text("import json, os, sys\n"
+                      "assert sys.argv[1:] == json.loads(os.environ['ARGV_IN']), sys.argv\n"
+                      "assert os.environ['TORCH_MIRROR_URL'] == json.loads(os.environ['ENV_IN'])['TORCH_MIRROR_URL']\n"
                       "if os.environ['RANK'] == '0':\n"
                       "    open(os.environ['ARGV_OUT'], 'w').write(json.dumps(sys.argv[1:]))\n")
     out, got = tmp_path / "runs", tmp_path / "argv.json"
-    launch = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={out}", str(script), *ARGV]
-    result = run_bounded(["sh", "-c", 'umask 027 && exec "$@"', "sh", *launch], cwd=REPO, timeout=150,
-                         env={"ARGV_OUT": str(got)})
+    launch = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={out}", *OVERRIDES, str(script), *ARGV]
+    env = {"ARGV_OUT": str(got), "ARGV_IN": json.dumps(ARGV), "ENV_IN": json.dumps(ENV), **ENV}
+    result = run_bounded(["sh", "-c", 'umask 027 && exec "$@"', "sh", *launch], cwd=REPO, timeout=150, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(got.read_text()) == ARGV  # the script still receives its real arguments
+    assert [s for s in SECRETS if s in result.stdout + result.stderr] == [], "the launcher printed a secret"
     run_dir = only_run_dir(out)
     files = [p for p in run_dir.rglob("*") if p.is_file()]
+    # the records a secret must not reach, all of which this run writes (logs: the launcher's and the ranks')
+    written = {str(p.relative_to(run_dir)) for p in files}
+    assert {"config.yaml", "plan.json", "summary.json", "logs/launcher.log", "logs/rank-0.log"} <= written, written
+    assert [p for p in files if p.parent.name == "env" and p.suffix == ".json"], written
     for path in files:
         text = path.read_text(errors="replace")
         assert not [s for s in SECRETS if s in text], f"{path} holds a secret"
-    assert json.loads((run_dir / "plan.json").read_text())["command"][2:4] == ["--api-key", REDACTED]
+    command = json.loads((run_dir / "plan.json").read_text())["command"]
+    assert command[2:4] == ["--api-key", REDACTED] and command[-8:] == ARGV[-8:]  # look-alikes kept
+    assert f"postgres://u:{REDACTED}@db.example/prod" in command
     for name in ("plan.json", "config.yaml", "summary.json"):
         mode = stat.S_IMODE((run_dir / name).stat().st_mode)
         assert mode == 0o640, f"{name} is {oct(mode)} under umask 027"
+
+
+@pytest.mark.timeout(120)
+def test_the_dry_run_print_holds_no_secret(tmp_path):
+    script = tmp_path / "argv.py"
+    script.write_text("pass\n")
+    result = run_bounded([sys.executable, "-m", "launcher", "--dry-run", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
+                          *OVERRIDES, str(script), *ARGV], cwd=REPO, timeout=100, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "# launch plan" in result.stdout and f"postgres://u:{REDACTED}@db.example/prod" in result.stdout
+    assert [s for s in SECRETS if s in result.stdout + result.stderr] == [], result.stdout

@@ -51,16 +51,17 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     agent_env = {**plan.agent_env, **elastic_fixes.apply(plan.nodes)}
     os.environ.update(agent_env)
     job = worker_job(plan, config, tuple(agent_env))
-    rdzv_endpoint, rdzv_store = plan.rdzv_endpoint, None
+    rdzv_endpoint, rdzv_store, own_secret = plan.rdzv_endpoint, None, False
     if plan.mode == "single":
         # torch's c10d rendezvous would start its store on every interface; hosted here first, on
         # loopback, it finds this one (multi-tenant, same port) and starts none; held until we return
         rdzv_store = listening_store("127.0.0.1", 0, plan.rdzv_timeout_s)
         rdzv_endpoint, local_addr = f"127.0.0.1:{rdzv_store.port}", "127.0.0.1"
+        own_secret = rdzv_key is None
         rdzv_key = rdzv_key or secrets.token_bytes(32)  # loopback is reachable by every local user
     rdzv_backend, rdzv_extra = plan.rdzv_backend, {}
     if rdzv_key and plan.rdzv_backend == "c10d":  # the static rendezvous keeps no state to unpickle
-        rdzv_backend, rdzv_extra = signed_rdzv.signed_c10d(rdzv_key)
+        rdzv_backend, rdzv_extra = signed_rdzv.signed_c10d(rdzv_key, own_secret)
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
     launch_config = elastic_fixes.launch_config(
         LaunchConfig,
@@ -91,7 +92,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
         raise RendezvousAuthError(str(e)) from None
     except TorchRendezvousError as e:
         raise RendezvousError(
-            f"nodes did not meet at {plan.rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
+            f"nodes did not meet at {rdzv_endpoint} within {plan.rdzv_timeout_s}s ({e.__class__.__name__}): "
             "check the address, the port, the firewall and the other nodes' commands"
         ) from e
     return results, agent.restarts

@@ -6,6 +6,11 @@ node agent ``pickle.loads`` what it reads there (dynamic_rendezvous._BackendRend
 anyone who can reach the rendezvous port could run code in every agent. SignedBackend wraps torch's
 backend: it signs every state it writes and verifies every state it reads, before torch unpickles it.
 
+Anything else found under the state's key is refused the same way: a value torch cannot decode, the
+empty-state sentinel or a missing key after this node has seen a signed state (torch would take those
+for a rendezvous not yet begun, and wait out its timeout). A store is never given the secret itself:
+what goes in is the state and its MAC.
+
 The secret never enters LaunchConfig.rdzv_configs (torch logs them): the configs carry a handle to
 it, a random name this process alone can look up.
 """
@@ -24,7 +29,7 @@ from launcher.runtime import env
 
 BACKEND_NAME = "launcher-signed-c10d"
 KEY_HANDLE = "launcher_key_handle"  # the rdzv_configs entry naming the key in _KEYS
-_KEYS: Dict[str, bytes] = {}
+_KEYS: Dict[str, Tuple[bytes, bool]] = {}  # handle -> (secret, whether this process made it: a one-machine job)
 
 
 class UnsignedStateError(RendezvousStateError):
@@ -33,35 +38,63 @@ class UnsignedStateError(RendezvousStateError):
 
 
 class SignedBackend(RendezvousBackend):
-    """A RendezvousBackend whose states are signed on the way in and verified on the way out."""
+    """A RendezvousBackend whose states are signed on the way in and verified on the way out.
 
-    def __init__(self, inner: RendezvousBackend, key: bytes, where: str, run_id: str) -> None:
-        self._inner, self._key, self._where = inner, key, where
-        self._context = f"torch.rendezvous.{run_id}"
+    store: the raw store under inner, to see a state key removed (torch's read would block on it);
+    own_secret: the secret was made by this process (a one-machine job), so a stranger's value can only
+    come from another user or process on this machine, and the message says so.
+    """
+
+    def __init__(self, inner: RendezvousBackend, key: bytes, where: str, run_id: str, store: Any = None,
+                 own_secret: bool = False) -> None:
+        self._inner, self._key, self._where, self._store, self._own = inner, key, where, store, own_secret
+        self._context = f"torch.rendezvous.{run_id}"  # also the store key torch's backend keeps the state under
+        self._seen = False  # a signed state has been read or written: from then on there is always one
 
     @property
     def name(self) -> str:
         return BACKEND_NAME  # torch's registry checks the handler's backend name against the one asked for
 
     def get_state(self) -> Optional[Tuple[bytes, Token]]:
-        found = self._inner.get_state()
+        if self._seen and self._store is not None and not self._store.check([self._context]):
+            raise self._refused("the state was removed")
+        found = self._guarded(self._inner.get_state)
         if found is None:
             return None
         blob, token = found
         return self._open(blob), token
 
     def set_state(self, state: bytes, token: Optional[Token] = None) -> Optional[Tuple[bytes, Token, bool]]:
-        found = self._inner.set_state(signing.sign(self._key, self._context, state), token)
+        found = self._guarded(lambda: self._inner.set_state(signing.sign(self._key, self._context, state), token))
         if found is None:
             return None
         blob, new_token, written = found
         return self._open(blob), new_token, written
 
+    def _guarded(self, read: Any) -> Any:
+        """read()'s result; a value torch cannot decode, or the empty-state sentinel where a state was, refused."""
+        try:
+            found = read()
+        except UnsignedStateError:
+            raise
+        except RendezvousStateError as e:  # torch's "the state object is corrupt": not base64, so not ours
+            raise self._refused(f"it cannot be decoded ({e})") from None
+        if found is None and self._seen:
+            raise self._refused("it is the empty-state marker, written over this job's state")
+        return found
+
     def _open(self, blob: bytes) -> bytes:
         try:
-            return signing.verify(self._key, self._context, blob)
+            payload = signing.verify(self._key, self._context, blob)
         except signing.SignatureError as e:
-            raise UnsignedStateError(unsigned_state_message(self._where, str(e))) from None
+            raise self._refused(str(e)) from None
+        self._seen = True
+        return payload
+
+    def _refused(self, reason: str) -> UnsignedStateError:
+        if self._own:
+            return UnsignedStateError(signing.foreign_value_message(self._where, f"the rendezvous state: {reason}"))
+        return UnsignedStateError(unsigned_state_message(self._where, reason))
 
 
 def unsigned_state_message(where: str, reason: str) -> str:
@@ -73,14 +106,16 @@ def unsigned_state_message(where: str, reason: str) -> str:
 def _create_signed_handler(params: RendezvousParameters) -> Any:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
-    key = _KEYS[str(params.get(KEY_HANDLE))]
+    key, own_secret = _KEYS[str(params.get(KEY_HANDLE))]
     backend, store = create_backend(params)
-    return create_handler(store, SignedBackend(backend, key, params.endpoint, params.run_id), params)
+    signed = SignedBackend(backend, key, params.endpoint, params.run_id, store=store, own_secret=own_secret)
+    return create_handler(store, signed, params)
 
 
-def signed_c10d(key: bytes) -> Tuple[str, Dict[str, str]]:
-    """(backend name, rdzv_configs entries) for torch's elastic_launch: its c10d rendezvous, signed with key."""
+def signed_c10d(key: bytes, own_secret: bool = False) -> Tuple[str, Dict[str, str]]:
+    """(backend name, rdzv_configs entries) for torch's elastic_launch: its c10d rendezvous, signed with key
+    (own_secret: made by this process for a job on this machine alone)."""
     handle = secrets.token_hex(8)
-    _KEYS[handle] = key
+    _KEYS[handle] = (key, own_secret)
     rendezvous_handler_registry.register(BACKEND_NAME, _create_signed_handler)
     return BACKEND_NAME, {KEY_HANDLE: handle}

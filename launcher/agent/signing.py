@@ -18,6 +18,12 @@ class SignatureError(ValueError):
     """A value that is unsigned, truncated, or signed with another key; the message says which."""
 
 
+def foreign_value_message(where: str, what: str) -> str:
+    """A one-machine job's store (on loopback, its secret its own) holds a value this job did not write."""
+    return (f"the job's store at {where} holds a value not signed by this job (another user or process wrote to "
+            f"this job's store): {what}; the job was stopped and nothing of it was loaded (README, Security)")
+
+
 def is_signed(blob: bytes) -> bool:
     """Whether blob has the shape of a signed value (a value without a key can still be told apart)."""
     return bytes(blob).startswith(PREFIX)

@@ -8,7 +8,8 @@ theirs the same way, so in the hosting process they share this one server (one p
 With launcher.backends.addresses, this module owns every socket the launcher opens itself.
 
 With a rendezvous secret (README, Security), every value written here is signed and every value
-read is verified (launcher.agent.signing): a node given another secret is named, on every node.
+read is verified (launcher.agent.signing): a node given another secret is named, on every node. The
+nodes of a simulated job get a fresh secret from the launcher that starts them.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def native_stderr_to_log() -> Iterator[None]:
 class NodeHandshake:
     """One node's side of the handshake; keep it alive for the whole job (it may host the store)."""
 
-    def __init__(self, plan: Any, node_rank: Optional[int], key: Optional[bytes] = None) -> None:
+    def __init__(self, plan: Any, node_rank: Optional[int], key: Optional[bytes] = None,
+                 own_secret: bool = False) -> None:
         self.plan = plan
         self.key = key  # the job's rendezvous secret: None signs nothing
+        self.own_secret = own_secret  # made by the launcher for nodes on this machine alone: a stranger wrote it
         self.node_rank = node_rank
         self.host, self.port = split_endpoint(plan.rdzv_endpoint)
         self.timeout_s = plan.rdzv_timeout_s
@@ -336,6 +339,8 @@ class NodeHandshake:
         return f"launcher/{self.plan.rdzv_id}/{name}"
 
     def _not_ours(self, what: str) -> str:
+        if self.own_secret:
+            return signing.foreign_value_message(f"{self.host}:{self.port}", f"a node handshake value {what}")
         return (f"a node handshake value at {self.host}:{self.port} {what} (a node given another secret, another "
                 f"job on the same port, or tampering): give every node the same secret (--rdzv-secret-file or "
                 f"{env.RDZV_SECRET}), or pick another port")

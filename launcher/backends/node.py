@@ -39,10 +39,11 @@ OTHERS_END_S = 5.0  # after another failure, how long it waits for the others to
 class NodeSession:
     """This machine's part of a multi-node job; plugs into launcher.backends.local.run_and_summarize."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
+    def __init__(self, plan: LaunchPlan, own_key: Optional[bytes] = None) -> None:
+        """own_key: the secret the launcher made for the nodes of a simulated job (all on this machine)."""
         self.plan = plan
-        self.key = rdzv_key(plan)
-        self.handshake = NodeHandshake(plan, plan.node_rank, self.key)
+        self.key = own_key or rdzv_key(plan)
+        self.handshake = NodeHandshake(plan, plan.node_rank, self.key, own_secret=own_key is not None)
         self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs", on_placement=self.handshake.publish_placement)
         self.node_list: List[Dict[str, Any]] = []
         self.met = False
@@ -120,7 +121,8 @@ class NodeSession:
 def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:
     """The job's rendezvous secret (launcher.config.rdzv_secret); without one, a warning that says what is open.
 
-    Simulated nodes all run on this machine, on loopback, and sign nothing.
+    Simulated nodes all run on this machine, on loopback: their secret is the one the launcher that
+    started them made (it comes on stdin, with the plan).
     """
     if plan.mode not in ("static", "c10d"):
         return None
@@ -185,7 +187,8 @@ def main(argv: List[str]) -> int:
             handler.setFormatter(logging.Formatter(f"[launcher node {node_rank}] %(message)s"))
     os.environ[env.START_TIME] = repr(payload["started"])
     try:
-        return local.run_and_summarize(cfg, plan, float(payload["started"]), NodeSession(plan))
+        own_key = str(payload.get("rdzv_secret") or "").encode() or None
+        return local.run_and_summarize(cfg, plan, float(payload["started"]), NodeSession(plan, own_key))
     except LauncherError as e:
         print(f"error: node {node_rank}: {e}", file=sys.stderr)
         return e.exit_code

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -44,7 +45,10 @@ def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
     interrupts.release()  # the run directory is whole (launcher.backends.dispatch records a stop from here)
     log.info(f"simulating {plan.nodes} nodes on this machine: {plan.nodes} node agents as separate processes, "
              f"static rendezvous on {plan.rdzv_endpoint}")
-    payload = json.dumps({"config": to_dict(cfg), "plan": plan.to_dict(), "started": started})
+    # the nodes sign their handshake with a fresh secret (loopback is open to every local user); it goes
+    # to them on stdin, with the plan: never into a file, an argument or an environment
+    payload = json.dumps({"config": to_dict(cfg), "plan": plan.to_dict(), "started": started,
+                          "rdzv_secret": secrets.token_hex(32)})
     supervisor = NodeSupervisor(plan, payload)
     code = supervisor.run()
     return report(cfg, plan, started, code, supervisor.failed_node)

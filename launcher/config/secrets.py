@@ -1,7 +1,7 @@
 """What counts as a secret in a record of a run, and the redaction every record goes through.
 
-Records are config.yaml, plan.json, the dry-run print-out and the config sent to W&B. The workers
-themselves get the real values: only what is written down or shown is redacted.
+Records are config.yaml, plan.json, env/*.json, the dry-run print-out and the config sent to W&B. The
+workers themselves get the real values: only what is written down or shown is redacted.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import re
 from typing import Any, List
 
 REDACTED = "<redacted>"
-# A key or flag name that holds a secret: api_key/api-key, token, secret, password, credentials, and
-# environment-style names ending in _KEY (AWS_ACCESS_KEY, HF_KEY; not "keep" or "monkey").
-_SECRET_NAME = re.compile(r"(api[-_]?key|(^|[-_])key$|token|secret|passw(or)?d|credential)", re.IGNORECASE)
+# A key or flag name that holds a secret: api_key/api-key, token, secret, password, credentials, auth
+# (`--auth`, `http_auth`; not "author"), and environment-style names ending in _KEY (AWS_ACCESS_KEY,
+# HF_KEY; not "keep" or "monkey").
+_SECRET_NAME = re.compile(r"(api[-_]?key|(^|[-_])(key|auth)$|token|secret|passw(or)?d|credential)", re.IGNORECASE)
 # A value that is a secret whatever it is called: W&B API keys (40 hex digits), AWS access key ids,
 # GitHub, Hugging Face, OpenAI-style and Slack tokens, Google API keys.
 _SECRET_VALUE = re.compile(
@@ -25,6 +26,17 @@ _SECRET_IN_TEXT = re.compile(
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})")
 _SECRET_ASSIGNMENT = re.compile(
     r"(?i)((?:api[-_]?key|[A-Za-z0-9]*[-_]key|token|secret|passw(?:or)?d|credential)[\w-]*[\"']?\s*[:=]\s*[\"']?)([^\s\"',;]+)")
+# Credentials in a URL, anywhere in a string: scheme://user:PASSWORD@host, or scheme://USERINFO@host.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#@\"']+)@")
+# A lone userinfo that reads as a login name (git@, ubuntu@, anonymous@, user42@) stays: a user name is
+# no secret. Anything else there (mixed case, longer than a login name, more than 4 digits, a key shape)
+# is taken for a token (https://TOKEN@github.com).
+_LOGIN_NAME = re.compile(r"^(?!(.*[0-9]){5})[a-z_][a-z0-9._-]{0,31}$")
+# Short flags whose next word (or attached rest: mysql -pPASSWORD) is a secret for common tools:
+# -k (an API key), -p and -P (a password). They also mean a path or a port for others: a value that
+# looks like a path (/, ./, ../, ~) or a plain number is kept.
+_SECRET_SHORT_FLAGS = ("-k", "-p", "-P")
+_PATH_OR_NUMBER = re.compile(r"^([/~]|\.\.?/|\.\.?$|[0-9]+(\.[0-9]+)?$)")
 
 
 def is_secret_name(name: str) -> bool:
@@ -38,19 +50,33 @@ def redact(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         items = redact_argv([v for v in value])
         return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, str) and _SECRET_VALUE.match(value):
-        return REDACTED
+    if isinstance(value, str):
+        return REDACTED if _SECRET_VALUE.match(value) else redact_urls(value)
     return value
 
 
+def redact_urls(text: str) -> str:
+    """text with the credentials of every URL in it redacted: postgres://u:PASS@h -> postgres://u:<redacted>@h,
+    https://TOKEN@host -> https://<redacted>@host (a lone login name, as in ssh://git@host, stays)."""
+    def hide(m: "re.Match[str]") -> str:
+        user, colon, password = m.group("userinfo").partition(":")
+        if colon:
+            return f"{m.group('scheme')}{user}:{REDACTED if password else ''}@"
+        is_login = _LOGIN_NAME.match(user) and not _SECRET_IN_TEXT.search(user)
+        return m.group(0) if is_login else f"{m.group('scheme')}{REDACTED}@"
+
+    return _URL_USERINFO.sub(hide, text) if "://" in text else text
+
+
 def redact_text(text: str) -> str:
-    """Free text with key-shaped values and the values of secret-named assignments replaced by <redacted>."""
-    text = _SECRET_IN_TEXT.sub(REDACTED, text)
+    """Free text with key-shaped values, URL credentials and the values of secret-named assignments redacted."""
+    text = redact_urls(_SECRET_IN_TEXT.sub(REDACTED, text))
     return _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def redact_argv(argv: List[Any]) -> List[Any]:
-    """Argument lists: `--api-key X`, `--token=X`, `AWS_SECRET_KEY=X` and key-shaped values are redacted."""
+    """Argument lists: `--api-key X`, `--token=X`, `--auth X`, `-p X`, `-pX`, `AWS_SECRET_KEY=X`, URL
+    credentials and key-shaped values are redacted."""
     out: List[Any] = []
     hide_next = False
     for item in argv:
@@ -58,13 +84,29 @@ def redact_argv(argv: List[Any]) -> List[Any]:
             out.append(redact(item))
             hide_next = False
             continue
-        name, eq, _ = item.partition("=")
+        name, eq, value = item.partition("=")
         if hide_next and not item.startswith("--"):
             out.append(REDACTED)
-        elif eq and is_secret_name(name):
+        elif eq and (is_secret_name(name) or (name in _SECRET_SHORT_FLAGS and not _PATH_OR_NUMBER.match(value))):
             out.append(f"{name}={REDACTED}")
         else:
-            out.append(redact(item))
-        # a flag named like a secret (`--password X`) hides the word after it
-        hide_next = item.startswith("-") and not eq and is_secret_name(item)
+            out.append(_redact_attached(item))
+        # a flag named like a secret (`--password X`, `-p X`) hides the word after it
+        hide_next = item.startswith("-") and not eq and (is_secret_name(item) or item in _SECRET_SHORT_FLAGS)
+        if hide_next and item in _SECRET_SHORT_FLAGS:
+            hide_next = _hides_next_word(argv, len(out) - 1)
     return out
+
+
+def _hides_next_word(argv: List[Any], index: int) -> bool:
+    """Whether the word after a short flag (-k, -p, -P) at argv[index] is a secret: not a path or a number."""
+    following = argv[index + 1] if index + 1 < len(argv) else None
+    return isinstance(following, str) and not following.startswith("-") and not _PATH_OR_NUMBER.match(following)
+
+
+def _redact_attached(item: str) -> Any:
+    """`-pSECRET` (mysql's form) -> `-p<redacted>`; `-p5432`, `-p/data` and everything else as redact() has it."""
+    flag, rest = item[:2], item[2:]
+    if flag in _SECRET_SHORT_FLAGS and rest and rest[0] != "=" and not _PATH_OR_NUMBER.match(rest):
+        return flag + REDACTED
+    return redact(item)
