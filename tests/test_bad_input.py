@@ -52,6 +52,8 @@ def cases(tmp_path):
         f"{k}: &{k} [{', '.join(['*' + p] * 9)}]\n" for p, k in zip("abcdefgh", "bcdefghi")))
     deep = tmp_path / "deep.yaml"
     deep.write_text("trainer: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    repeated = tmp_path / "repeated.yaml"
+    repeated.write_text("trainer:\n  steps: 5\ntrainer:\n  lr: 0.1\n")
     no_slurm = tmp_path / "bin-without-slurm"  # the launcher runs as sys.executable: it needs nothing on PATH
     no_slurm.mkdir()
     return [
@@ -117,6 +119,7 @@ def cases(tmp_path):
         (["wandb.tags=" + "[" * 50_000 + "]" * 50_000], "the value nests deeper than 32 levels", None),
         (["wandb.tags=[&a [x, x], *a]"], "the value uses a YAML alias", None),
         (["seed=" + "9" * 5000], "holds a number too long to read", None),
+        (["--config", str(repeated)], "repeats the key 'trainer' (line 3): keep one", None),
         # whole numbers beyond what they can be
         (["seed=99999999999999999999999"], "seed=99999999999999999999999 is out of range: it must be in [0, 4294967295]", None),
         (["trainer.steps=" + str(2**64)], "trainer.steps=18446744073709551616 is out of range: it must be in [1,", None),

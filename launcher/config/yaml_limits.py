@@ -48,6 +48,15 @@ class LimitedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:  # type: ignore[override]
+        seen = set()
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key in seen:
+                raise _Refused(f"repeats the key '{key}' (line {key_node.start_mark.line + 1}): keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
 
 LimitedLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers
