@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Union
 
 from launcher.runlock import live_holders
 
-STATUSES = ("running", "completed", "failed", "interrupted", "dead", "unknown")
+STATUSES = ("running", "completed", "failed", "interrupted", "dead", "unknown", "damaged")
 # summary.json's own words -> the index's (a hang is a kind of failure; its error says which rank)
 SUMMARY_STATUS = {"completed": "completed", "failed": "failed", "hung": "failed", "interrupted": "interrupted"}
 KIND_BY_MODE = {"single": "local", "simulated": "simulated", "static": "multinode", "c10d": "multinode"}
@@ -36,12 +36,23 @@ def list_runs(root: Path, now: Optional[float] = None) -> List[Dict[str, Any]]:
     A root that is itself a run (or a sweep, comparison, scaling sweep) lists that one."""
     root = Path(root).resolve()
     now = time.time() if now is None else now
-    own = read_entry(root, now)
+    own = entry_or_damaged(root, now)
     if own is not None:
         return [own]
-    rows = [row for row in (read_entry(path, now) for path in sorted(_subdirs(root))) if row is not None]
+    rows = [row for row in (entry_or_damaged(path, now) for path in sorted(_subdirs(root))) if row is not None]
     rows.sort(key=lambda r: (r["started"] or 0, r["run_id"]))
     return rows
+
+
+def entry_or_damaged(path: Path, now: float) -> Optional[Dict[str, Any]]:
+    """read_entry's row, or a `damaged` one naming why its files cannot be read: one bad run hides no other."""
+    try:
+        return read_entry(path, now)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # text not UTF-8, a field of a wrong type
+        row = pending_row(path, now)
+        del row["pending"]
+        return {**row, "status": "damaged", "error": f"damaged: {e.__class__.__name__}: {first_line(e) or ''}".strip(),
+                "started": _mtime(path), "age_s": max(0.0, now - (_mtime(path) or now))}
 
 
 def read_entry(path: Path, now: float) -> Optional[Dict[str, Any]]:

@@ -5,6 +5,7 @@ README's "Bad input" paragraph states how many classes this table runs; test_rea
 """
 
 import hashlib
+import os
 import json
 import re
 from pathlib import Path
@@ -46,6 +47,13 @@ def cases(tmp_path):
     scalar.write_text("42\n")
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")
+    bomb = tmp_path / "bomb.yaml"  # "billion laughs": each alias line multiplies the one before
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{k}: &{k} [{', '.join(['*' + p] * 9)}]\n" for p, k in zip("abcdefgh", "bcdefghi")))
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("trainer: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    repeated = tmp_path / "repeated.yaml"
+    repeated.write_text("trainer:\n  steps: 5\ntrainer:\n  lr: 0.1\n")
     no_slurm = tmp_path / "bin-without-slurm"  # the launcher runs as sys.executable: it needs nothing on PATH
     no_slurm.mkdir()
     return [
@@ -102,6 +110,41 @@ def cases(tmp_path):
         # a rendezvous secret file that gives no secret (read before the node meets the others)
         ([*c10d_node, "--rdzv-secret-file", str(tmp_path / "no-such.secret")], "no-such.secret cannot be read", None),
         ([*c10d_node, "--rdzv-secret-file", str(empty_secret)], "is empty: put the job's secret in it", None),
+        # bytes that are not UTF-8 in a config value (sys.argv holds them as surrogate escapes)
+        (["run_id=r\udcff"], "override run_id=...: holds bytes that are not UTF-8 text", None),
+        (["seed=\udcff"], "override seed=...: holds bytes that are not UTF-8 text", None),
+        # YAML that would take unbounded time or memory, or a recursion too deep to parse
+        (["--config", str(bomb)], "uses a YAML alias (*name), which is refused here", None),
+        (["--config", str(deep)], "nests deeper than 32 levels, the limit", None),
+        (["wandb.tags=" + "[" * 50_000 + "]" * 50_000], "the value nests deeper than 32 levels", None),
+        (["wandb.tags=[&a [x, x], *a]"], "the value uses a YAML alias", None),
+        (["seed=" + "9" * 5000], "holds a number too long to read", None),
+        (["--config", str(repeated)], "repeats the key 'trainer' (line 3): keep one", None),
+        # whole numbers beyond what they can be
+        (["seed=99999999999999999999999"], "seed=99999999999999999999999 is out of range: it must be in [0, 4294967295]", None),
+        (["trainer.steps=" + str(2**64)], "trainer.steps=18446744073709551616 is out of range: it must be in [1,", None),
+        (["--nodes", str(2**64)], "--nodes=18446744073709551616 is out of range: it must be in [1, 65536]", None),
+        (["--max-restarts", str(2**64)], "launcher.max_restarts=18446744073709551616 is out of range", None),
+        (["--gpus", "100000"], "--gpus=100000 is out of range: it must be in [1, 4096]", None),
+        (["data.dataset_size=" + str(2**70)], "data.dataset_size=1180591620717411303424 is out of range", None),
+        # sizes of the model
+        (["model.hidden=-4"], "model.hidden=-4 must be at least 1", None),
+        (["model.heads=0"], "model.heads=0 must be at least 1", None),
+        # checkpoint.dir that is not a local directory
+        ([f"checkpoint.dir={a_file}"], "is an existing file, not a directory", None),
+        (["checkpoint.dir=s3://bucket/x"], "object storage is not supported yet; give a local path", None),
+        # --config given nothing, or something that is not a file
+        (["--config", ""], "--config was given an empty name", None),
+        (["--config", "/dev/null"], "--config /dev/null is not a regular file", None),
+        # a module that is not there (found, never imported, before anything is made)
+        (["-m", "no_such_module"], "-m no_such_module: no such module here", None),
+        (["-m", "no_such_pkg.train"], "-m no_such_pkg.train: cannot be found (ModuleNotFoundError", None),
+        # what a key=value names
+        (["trainer..steps=5"], "the key has an empty part", None),
+        (["trainer=5"], "'trainer' is a section of keys, not a single value", None),
+        # scale's list of sizes (its own output_dir: argv[0] is the subcommand)
+        (["scale", "--gpus", "1,,2", f"output_dir={tmp_path / 'runs'}"], "--gpus 1,,2: an empty size between commas", None),
+        (["scale", "--gpus", "100000", f"output_dir={tmp_path / 'runs'}"], "--gpus=100000 is out of range: it must be in [1, 4096]", None),
     ]
 
 
@@ -115,7 +158,7 @@ def test_each_bad_input_gives_one_line_and_exit_2(tmp_path):
     out = tmp_path / "runs"
     for argv, words, env in cases(tmp_path):
         before = snapshot(tmp_path)
-        own_dir = argv[0] == "resume" or any(a.startswith("output_dir=") for a in argv)
+        own_dir = argv[0] in ("resume", "scale") or any(a.startswith("output_dir=") for a in argv)
         result = run_launcher([*argv] if own_dir else [f"output_dir={out}", *argv], cwd=tmp_path, timeout=60, env=env)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (argv, result.stderr)
@@ -137,3 +180,21 @@ def test_readme_count(tmp_path):
     stated = re.search(r"`tests/test_bad_input.py` runs (\d+) of them", text)
     assert stated, "README's bad-input paragraph lost its count"
     assert int(stated.group(1)) == len(cases(tmp_path))
+
+
+def test_a_script_argument_in_bytes_reaches_the_script_unchanged(tmp_path):
+    """Not bad input: a script's arguments are its own, bytes included, as under torchrun (the launcher's records
+    write them as \\uDCxx escapes; config.yaml reads back to the same arguments)."""
+    script = tmp_path / "argv.py"
+    script.write_text("import os, sys\n"
+                      "open(os.path.join(os.path.dirname(__file__), 'argv.out'), 'w').write(repr([os.fsencode(a) for a in sys.argv[1:]]))\n")
+    raw = os.fsdecode(b"\xff\xfe-not-utf8")  # what sys.argv holds for these bytes
+    result = run_launcher([f"output_dir={tmp_path / 'runs'}", "--gpus", "1", str(script), raw, "b c"], cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "argv.out").read_text() == repr([b"\xff\xfe-not-utf8", b"b c"])
+    (run,) = (tmp_path / "runs").iterdir()
+    from launcher.config.schema import load_config
+
+    assert load_config(str(run / "config.yaml")).script.args == [raw, "b c"]
+    assert json.loads((run / "plan.json").read_text())["command"][-2:] == [raw, "b c"]

@@ -1,5 +1,7 @@
 """Config precedence and validation (pure)."""
 
+import os
+
 import pytest
 
 from launcher.config.schema import Config, ScriptConfig, load_config, to_yaml
@@ -101,3 +103,13 @@ def test_balanced_lists_and_maps_still_load():
 def test_secrets_are_redacted():
     assert redact({"wandb": {"api_key": "abc", "project": "p"}}) == {"wandb": {"api_key": "<redacted>", "project": "p"}}
     assert "abc" not in to_yaml(load_config())
+
+
+def test_a_recorded_config_reads_back_a_non_utf8_script_argument(tmp_path):
+    """config.yaml writes such an argument as a \\uDCxx escape (libyaml cannot) and reads it back unchanged."""
+    from launcher.config.schema import ScriptConfig, to_yaml
+
+    raw = os.fsdecode(b"\xff-arg")
+    cfg = load_config(None, [], script=ScriptConfig(path=__file__, args=[raw, "1e-3", "true"]))
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg, recorded=True), encoding="utf-8")
+    assert load_config(str(tmp_path / "config.yaml")).script.args == [raw, "1e-3", "true"]

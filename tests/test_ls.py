@@ -269,3 +269,29 @@ def test_two_node_launchers_on_one_run_are_one_multinode_row_running_then_comple
             kill_group(node)
     row = ls_json(runs)["mn"]
     assert (row["kind"], row["status"], row["world_size"], row["holders"]) == ("multinode", "completed", 2, [])
+
+
+def damaged_runs(root):
+    """A finished run beside runs whose files cannot be read: config.yaml not UTF-8, a summary field of a wrong type."""
+    for name in ("good", "not-utf8", "wrong-type"):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.yaml").write_text("trainer:\n  steps: 5\n")
+        (root / name / "plan.json").write_text("{}\n")
+        (root / name / "summary.json").write_text(json.dumps({"status": "completed", "steps": 5}) + "\n")
+    (root / "not-utf8" / "config.yaml").write_bytes(b"\xff\xfe trainer")
+    (root / "wrong-type" / "summary.json").write_text(json.dumps({"status": "completed", "restarts": "many"}) + "\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_run_is_shown_damaged_and_the_rest_listed(tmp_path):
+    damaged_runs(tmp_path / "runs")
+    result = run_launcher(["ls", str(tmp_path / "runs")], cwd=tmp_path, timeout=60)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "damaged: UnicodeDecodeError" in result.stdout and "damaged: ValueError" in result.stdout, result.stdout
+    assert "3 run(s): 1 completed, 2 damaged" in result.stdout, result.stdout
+    # the board's list is the same index
+    from launcher.board.runlist import board_runs
+    rows = {r["run_id"]: r for r in board_runs(tmp_path / "runs")}
+    assert rows["good"]["status"] == "completed"
+    assert rows["not-utf8"]["status"] == rows["wrong-type"]["status"] == "damaged"
+    assert rows["not-utf8"]["error"].startswith("damaged: UnicodeDecodeError")

@@ -138,7 +138,10 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
 
 
 def failure_line(row: Dict[str, Any], indent: str) -> List[List[str]]:
-    """Under a failed run, what failed first (its summary's error: the root-cause rank, not rank 0's knock-on)."""
+    """Under a failed run, what failed first (its summary's error: the root-cause rank, not rank 0's knock-on);
+    under a damaged one, why its files could not be read."""
+    if row["status"] == "damaged":
+        return [[f"{indent}{row['error']}"]]
     return [[f"{indent}error: {row['error']}"]] if row["status"] == "failed" and row.get("error") else []
 
 

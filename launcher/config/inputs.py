@@ -9,14 +9,43 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
-import yaml
-
+from launcher.config.yaml_limits import load_yaml
 from launcher.errors import ConfigError
 
 RUN_ID_MAX_BYTES = 255  # NAME_MAX: a run id is one directory name under output_dir
 _CLOSING = {"]": "[", "}": "{"}
+
+
+def check_override(item: str) -> Tuple[str, str]:
+    """A `key=value` item -> (key, value) once its text, key and value are well-formed; ConfigError otherwise."""
+    if not is_utf8(item):
+        raise ConfigError(f"override {_shown(item.split('=', 1)[0])}=...: holds bytes that are not UTF-8 text: "
+                          "config keys and values must be UTF-8; retype it (check the terminal's encoding)")
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not key=value: write it like trainer.steps=50")
+    key, value = item.split("=", 1)
+    if not all(key.split(".")):
+        raise ConfigError(f"override {key}=...: the key has an empty part (a '.' at its start or end, or '..'): "
+                          f"write it like trainer.steps=50")
+    check_override_value(key, value)
+    load_yaml(value, f"override {key}=...: the value", fix=None)  # its limits; OmegaConf reads it (load_config)
+    return key, value
+
+
+def is_utf8(text: str) -> bool:
+    """False for text holding bytes that were not UTF-8 (Python keeps them in argv as surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(text: str) -> str:
+    """text with its non-UTF-8 bytes written as backslash-x escapes, for a message."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def check_override_value(key: str, value: str) -> None:
@@ -35,11 +64,7 @@ def check_override_value(key: str, value: str) -> None:
 
 def parse_yaml_mapping(text: str, where: str) -> Any:
     """A config file's text -> its top-level mapping, or an error naming what it is instead."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise ConfigError(f"{where} is not valid YAML ({first}): fix the file") from e
+    data = load_yaml(text, where)
     if data is None:
         raise ConfigError(f"{where} is empty: a config file holds key: value lines, e.g. `trainer: {{steps: 50}}`")
     if not isinstance(data, dict):
@@ -66,6 +91,43 @@ def _leaves(obj: Any, prefix: str) -> Iterator[Tuple[str, Any]]:
             yield name, value
 
 
+INT64 = (-(2**63), 2**63 - 1)  # any other whole number: it must fit where torch, JSON readers and C code put it
+# The whole numbers with a tighter range than 64 bits, and how the message names them.
+INT_BOUNDS = {
+    "seed": ("seed", 0, 2**32 - 1),  # numpy's seed range (the trainer adds small offsets to it per stream)
+    "nodes": ("--nodes", 1, 65_536),
+    "gpus": ("--gpus", 1, 4_096),  # worker processes on one node
+    "trainer.steps": ("trainer.steps", 1, 2**31 - 1),
+    "launcher.max_restarts": ("launcher.max_restarts", 0, 10_000),
+}
+
+
+def check_int_bounds(config: Any) -> None:
+    """Every whole number within its range: Python's are unbounded, torch's and the OS's are not."""
+    for name, value in _leaves(config, ""):
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        shown, low, high = INT_BOUNDS.get(name, (name, *INT64))
+        if not low <= value <= high:
+            given = str(value) if value.bit_length() <= 80 else f"(a {value.bit_length()}-bit number)"
+            raise ConfigError(f"{shown}={given} is out of range: it must be in [{low}, {high}]")
+
+
+def section_given_a_value(schema: type, data: Any, prefix: str = "") -> Optional[str]:
+    """The first dotted key where data gives a single value (or a list) for one of the schema's sections."""
+    if not isinstance(data, dict):
+        return None
+    for f in dataclasses.fields(schema):
+        if f.name not in data or not dataclasses.is_dataclass(f.default_factory):  # type: ignore[misc]
+            continue
+        if not isinstance(data[f.name], dict):
+            return f"{prefix}{f.name}"
+        inner = section_given_a_value(f.default_factory, data[f.name], f"{prefix}{f.name}.")  # type: ignore[misc]
+        if inner:
+            return inner
+    return None
+
+
 def check_no_tilde(value: Any, name: str) -> None:
     """`key=~/x` reaches us unexpanded (the shell expands ~ only at the start of a word)."""
     if isinstance(value, str) and value.startswith("~"):
@@ -79,6 +141,9 @@ def check_run_id(run_id: str) -> None:
     if run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id:
         raise ConfigError(f"run_id={run_id!r} is not a name: use letters, digits, '-', '_' or '.' "
                           "(no '/', and not '.' or '..'); to choose where runs go, set output_dir")
+    if not is_utf8(run_id):
+        raise ConfigError(f"run_id={_shown(run_id)!r} holds bytes that are not UTF-8 text: "
+                          "use letters, digits, '-', '_' or '.'")
     if any(ord(c) < 32 or ord(c) == 127 for c in run_id):
         raise ConfigError(f"run_id={run_id!r} holds control characters: use letters, digits, '-', '_' or '.'")
     size = len(run_id.encode("utf-8"))

@@ -6,16 +6,17 @@ flags and ``key=value`` overrides. Everything past ``load_config`` sees plain da
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
-from launcher import configs as shipped_configs
 from launcher.errors import ConfigError
-from launcher.config.inputs import check_finite, check_no_tilde, check_override_value, check_run_id, parse_yaml_mapping
+from launcher.config.inputs import (check_finite, check_int_bounds, check_no_tilde, check_override, check_run_id,
+                                    parse_yaml_mapping, section_given_a_value)
+from launcher.config.paths import check_checkpoint_dir, check_script, resolve_config_path
+from launcher.config.yaml_limits import MAX_YAML_BYTES, dump_yaml
 from launcher.config.rendezvous import validate_rendezvous
 from launcher.config.secrets import redact
 from launcher.config.compat import check_strategy
@@ -29,7 +30,6 @@ WANDB_MODES = ("offline", "online", "disabled")
 START_METHODS = ("auto", "fork", "spawn")
 PROGRESS_STYLES = ("auto", "bar", "lines")
 CLUSTERS = ("local", "slurm", "ray")
-CONFIG_DIR = Path(shipped_configs.__file__).resolve().parent  # the repository's configs/, installed as launcher.configs
 
 
 @dataclass
@@ -190,20 +190,6 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)  # --cluster ray: where and how (launcher/config/ray_section.py)
 
 
-def resolve_config_path(name: str) -> Path:
-    """A --config value: a file path, or the name of a YAML file shipped in configs/."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    shipped = CONFIG_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
-    if shipped.is_file():
-        return shipped
-    if path.is_dir():
-        raise ConfigError(f"--config {name} is a directory: pass a YAML file")
-    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"--config {name}: no such file (shipped configs: {choices})")
-
-
 def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]] = None,
                 label: str = "--config", script: Optional[ScriptConfig] = None) -> Config:
     """Merge defaults < YAML file < overrides into a validated Config.
@@ -215,14 +201,11 @@ def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]
 
     merged = OmegaConf.structured(Config)
     layers: list[tuple[str, Any]] = []
-    if config_file:
+    if config_file is not None:
         path = resolve_config_path(config_file)
         layers.append((f"{label} {path}", _read_yaml(path, f"{label} {path}")))
     for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not key=value: write it like trainer.steps=50")
-        key, value = item.split("=", 1)
-        check_override_value(key, value)
+        key, value = check_override(item)
         try:
             layer = OmegaConf.from_dotlist([item])
         except yaml.YAMLError as e:  # what the bracket check lets through, e.g. `key=]`
@@ -234,7 +217,7 @@ def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
-            raise ConfigError(_explain(where, e)) from e
+            raise ConfigError(_explain(where, e, layer)) from e
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, Config)
     cfg.script = script or cfg.script
@@ -246,16 +229,24 @@ def _read_yaml(path: Path, where: str) -> Any:
     from omegaconf import OmegaConf
 
     try:
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:  # before reading it: the file may be any size
+            raise ConfigError(f"{where} is {size} bytes, over the limit of {MAX_YAML_BYTES} for a config: "
+                              "keep only key: value lines that differ from the defaults")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where}: cannot read it ({e.__class__.__name__}): check the path and permissions") from e
-    parse_yaml_mapping(text, where)  # its shape; OmegaConf's own loader reads the values (1e-3 is a float there)
-    return OmegaConf.create(text)
+    return OmegaConf.create(parse_yaml_mapping(text, where))  # values read as OmegaConf reads them (yaml_limits)
 
 
-def _explain(where: str, e: Exception) -> str:
+def _explain(where: str, e: Exception, layer: Any) -> str:
+    from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, ValidationError
 
+    section = section_given_a_value(Config, OmegaConf.to_container(layer))
+    if section:  # OmegaConf names no key for these
+        return (f"{where}: '{section}' is a section of keys, not a single value: set one of its keys, "
+                f"e.g. {section}.KEY=VALUE (`python -m launcher --show-config` lists them)")
     key = getattr(e, "full_key", None) or "?"
     if isinstance(e, ConfigKeyError):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
@@ -319,10 +310,13 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.slurm.signal_delay_s, 1, "slurm.signal_delay_s")
     _at_least(cfg.slurm.max_requeues, 0, "slurm.max_requeues")
     check_ray_config(cfg)
+    check_int_bounds(cfg)
     if cfg.script.path is not None:  # a script reads none of data.* or trainer.*: its own batch is its business
-        if not cfg.script.module:
-            _check_script(cfg.script.path)
+        check_script(cfg.script.path, cfg.script.module)
         return
+    check_checkpoint_dir(cfg.checkpoint.dir)
+    for name in ("in_dim", "hidden", "depth", "classes", "vocab", "seq_len", "heads", "channels", "image_size"):
+        _at_least(getattr(cfg.model, name), 1, f"model.{name}")
     world = cfg.nodes * cfg.gpus
     accum = cfg.trainer.grad_accum_steps  # an optimizer step takes this many batches from one epoch
     if not auto_batch and cfg.data.batch_size * world * max(1, accum) > cfg.data.dataset_size:
@@ -346,13 +340,6 @@ def _check_batch_size(value: Union[int, str]) -> bool:
     return False
 
 
-def _check_script(path: str) -> None:
-    if os.path.isdir(path):
-        raise ConfigError(f"script {path} is a directory: pass a .py file, or -m package.module")
-    if not os.path.isfile(path):
-        raise ConfigError(f"script {path} does not exist: check the path (or use -m for a module)")
-
-
 def _at_least(value: int, low: int, name: str) -> None:
     if value < low:
         raise ConfigError(f"{name}={value} must be at least {low}")
@@ -372,12 +359,10 @@ def to_yaml(cfg: Config, recorded: bool = False) -> str:
 
     recorded: the run directory's config.yaml, which for a script run holds only what applies to it.
     """
-    from omegaconf import OmegaConf
-
     data = redact(to_dict(cfg))
     if recorded and cfg.script.path is not None:
         data = {k: v for k, v in data.items() if k not in TRAINER_ONLY}
-    return OmegaConf.to_yaml(OmegaConf.create(data))
+    return dump_yaml(data)
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

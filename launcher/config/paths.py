@@ -1,0 +1,78 @@
+"""Checks on the paths and names a config points at, made before anything is created: the --config file, the
+script or module to run, and where checkpoints go. Unlike launcher.config.inputs these look at the file system (and, for a dotted
+module, import its parent packages, as `python -m` would)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
+from launcher import configs as shipped_configs
+from launcher.errors import ConfigError
+
+CONFIG_DIR = Path(shipped_configs.__file__).resolve().parent  # the repository's configs/, installed as launcher.configs
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, hdfs://, file://: not a local path
+
+
+def resolve_config_path(name: str) -> Path:
+    """A --config value: a file path, or the name of a YAML file shipped in configs/."""
+    if not name.strip():
+        raise ConfigError("--config was given an empty name: pass a YAML file's path or a shipped config's name, "
+                          "or leave --config out")
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if shipped.is_file():
+        return shipped
+    if path.is_dir():
+        raise ConfigError(f"--config {name} is a directory: pass a YAML file")
+    if path.exists():  # /dev/null, a FIFO, a socket: reading it would give nothing or never end
+        raise ConfigError(f"--config {name} is not a regular file: pass a YAML file")
+    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config {name}: no such file (shipped configs: {choices})")
+
+
+def check_script(path: str, module: bool) -> None:
+    """The script file exists, or the module can be found where the workers will look (cwd first)."""
+    if module:
+        check_module(path)
+    elif os.path.isdir(path):
+        raise ConfigError(f"script {path} is a directory: pass a .py file, or -m package.module")
+    elif not os.path.isfile(path):
+        raise ConfigError(f"script {path} does not exist: check the path (or use -m for a module)")
+
+
+def check_module(name: str) -> None:
+    """`-m NAME` names a module `python -m` would find. Only its parent packages are imported (a dotted name
+    needs them to be found); the module itself is not run or imported."""
+    sys.path.insert(0, os.getcwd())  # the workers look in their cwd first, as `python -m` does
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:  # a parent package is missing or failed to import; an empty name
+        raise ConfigError(f"-m {name}: cannot be found ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+                          "check the name, and that its package is installed in this environment") from e
+    except Exception as e:  # a parent package's own code raised while it was imported
+        raise ConfigError(f"-m {name}: importing its parent package failed ({e.__class__.__name__}): "
+                          "run `python -c 'import PACKAGE'` to see why") from e
+    finally:
+        sys.path.remove(os.getcwd())
+    if spec is None:
+        raise ConfigError(f"-m {name}: no such module here: check the name, run from the folder that holds it, "
+                          "or install its package in this environment")
+
+
+def check_checkpoint_dir(path: Optional[str]) -> None:
+    """checkpoint.dir is a local directory (made when the run starts), not a URL or an existing file."""
+    if path is None:
+        return
+    if URL_SCHEME.match(path):
+        raise ConfigError(f"checkpoint.dir={path}: object storage is not supported yet; give a local path "
+                          "(or a mounted file system's path)")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"checkpoint.dir={path} is an existing file, not a directory: give a directory's path "
+                          "(it is made if missing)")
