@@ -61,6 +61,14 @@ def test_a_link_planted_in_the_run_directory_is_refused_and_its_target_unchanged
     assert not (out / "r" / "plan.json").exists(), "refused before the run directory was written"
 
 
+def test_the_links_wandb_makes_in_its_own_folder_are_no_refusal(tmp_path):
+    out = tmp_path / "runs"
+    (out / "r" / "wandb" / "offline-run-1").mkdir(parents=True)
+    (out / "r" / "wandb" / "latest-run").symlink_to("offline-run-1")  # as W&B leaves it, for a resume to meet
+    done = quick_run(out, "r")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_run_directory_that_is_a_symlink_is_refused_with_nothing_created(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -36,11 +36,15 @@ def refuse_link(path: str) -> None:
         raise PlantedLinkError(str(path))
 
 
-def refuse_planted(root: str, clears: Tuple[str, ...] = ()) -> None:
+def refuse_planted(root: str, clears: Tuple[str, ...] = (), others: Tuple[str, ...] = ()) -> None:
     """Raise PlantedLinkError for the first symlink in the tree under root (root itself included), walked without
-    following any; names starting with one of clears are leftovers the launcher replaces itself, link or not."""
+    following any; names starting with one of clears are leftovers the launcher replaces itself, link or not;
+    folders named in others, right under root, are another program's (W&B makes links of its own in wandb/):
+    refused when a link, never walked."""
     refuse_link(root)
     for folder, dirs, files in os.walk(root, onerror=None, followlinks=False):
+        if folder == root:
+            dirs[:] = [d for d in dirs if d not in others or os.path.islink(os.path.join(folder, d))]
         for name in sorted(dirs + files):
             path = os.path.join(folder, name)
             if os.path.islink(path) and not name.startswith(clears or ("\0",)):
