@@ -12,6 +12,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from tests.board_helpers import board, get
-from tests.helpers import QUICK, run_bounded, run_launcher
+from tests.helpers import QUICK, communicate_bounded, kill_group, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(180)
 WHY = "a symlink the launcher did not make"
@@ -59,6 +60,27 @@ def test_a_link_planted_in_the_run_directory_is_refused_and_its_target_unchanged
     assert target.read_bytes() == VICTIM_TEXT
     assert sorted(os.listdir(tmp_path)) == before, "nothing written beside the victim"
     assert not (out / "r" / "plan.json").exists(), "refused before the run directory was written"
+
+
+def test_a_link_planted_mid_run_is_refused_when_met_and_never_written_through(tmp_path):
+    """Planted once the run has started (after the pre-start check): the restart's rank log meets it."""
+    target = victim(tmp_path)
+    out = tmp_path / "runs"
+    link = out / "r" / "logs" / "rank-0.attempt-1.log"
+    args = ["--gpus", "1", f"output_dir={out}", "run_id=r", "trainer.steps=40", "launcher.max_restarts=1", *QUICK]
+    proc = start_launcher(args, cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=30"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "r" / "plan.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        link.symlink_to(target)
+        output, _ = communicate_bounded(proc, 150, "launcher")  # stderr is merged into it
+    finally:
+        kill_group(proc)
+    last = output.strip().splitlines()[-1]  # the injected fault's own traceback is rank 0's, above it
+    assert last.startswith("error: ") and WHY in last and str(link) in last, output[-2000:]
+    assert proc.returncode == 2, (proc.returncode, output[-2000:])
+    assert target.read_bytes() == VICTIM_TEXT
 
 
 def test_the_links_wandb_makes_in_its_own_folder_are_no_refusal(tmp_path):

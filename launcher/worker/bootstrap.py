@@ -180,7 +180,7 @@ def progress() -> dict:
     if _progress is None:
         here = os.path.dirname(os.path.abspath(__file__))
         safefs = types.ModuleType("launcher_worker_safefs")  # launcher/runtime/safefs.py: opening nothing through a link
-        _exec_file(os.path.join(here, os.pardir, "runtime", "safefs.py"), safefs.__dict__)
+        _exec_file(os.path.normpath(os.path.join(here, os.pardir, "runtime", "safefs.py")), safefs.__dict__)
         _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__, "safefs": safefs}
         for name in ("loaders.py", "progress.py"):  # launcher.worker.progress.WORKER_FILES
             _exec_file(os.path.join(here, name), _progress)
