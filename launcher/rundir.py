@@ -22,8 +22,8 @@ from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan, job_workers
-from launcher.runtime import safefs
 from launcher.provenance import capture
+from launcher.runtime import safefs
 from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
 from launcher.trainers.goodput import format_goodput, job_goodput
@@ -120,7 +120,8 @@ def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Lo
     log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     write_json(run_dir / "plan.json", redact(plan.to_dict()))  # the workers get the real command
-    capture.start(run_dir, cfg.script.path, cfg.script.module, functools.partial(write_atomic, root=run_dir))  # env/: in the background
+    # env/: in the background, through no link below the run directory
+    capture.start(run_dir, cfg.script.path, cfg.script.module, functools.partial(write_atomic, root=run_dir))
     for notice in plan.notices:
         log.info(notice)
     if plan.start_method == "spawn":
