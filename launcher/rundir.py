@@ -6,11 +6,13 @@ has the same files and each summary the same base fields, wherever the job ran.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import json
 import logging
 import os
-import tempfile
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -21,6 +23,7 @@ from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan, job_workers
 from launcher.provenance import capture
+from launcher.runtime import safefs
 from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
 from launcher.trainers.goodput import format_goodput, job_goodput
@@ -35,18 +38,22 @@ SUMMARY_KEYS = (
 
 def create_run_dir(output_dir: str, run_id: str) -> Path:
     """Make <output_dir>/<run_id>/logs, or say why it cannot be made."""
-    run_dir = Path(output_dir) / run_id
+    top = Path(output_dir).resolve()  # output_dir: resolved once (plan.json records the run directory under it)
+    run_dir = top / run_id
     try:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        top.mkdir(parents=True, exist_ok=True)
+        safefs.make_dirs(str(run_dir / "logs"), root=str(top))  # below output_dir: nothing followed
         # a probe of our own: nodes sharing the directory (one box, NFS) create it at the same time
-        fd, probe = tempfile.mkstemp(dir=run_dir, prefix=".write-test-")
-        os.close(fd)
+        probe = str(run_dir / f".write-test-{os.getpid()}-{time.monotonic_ns()}")
+        os.close(safefs.open_fd(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, root=str(run_dir)))
         os.unlink(probe)
+    except safefs.PlantedLinkError:
+        raise
     except OSError as e:
         raise ConfigError(
             f"output_dir={output_dir} cannot be written ({e.strerror or e}): pick another with output_dir=PATH"
         ) from e
-    return run_dir.resolve()
+    return run_dir
 
 
 def archive_rank_logs(run_dir: Path, folder: str) -> Optional[Path]:
@@ -67,36 +74,25 @@ def archive(where: Path, pattern: str, folder: str) -> Optional[Path]:
     return keep
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file, fsync, rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def write_atomic(path: Path, text: str, root: Optional[Path] = None) -> None:
+    """Write to a temporary file, fsync, rename: readers never see half a file. Nothing below root (the
+    run directory; path's folder by default) is followed: a link planted there is refused (launcher.runtime.safefs)."""
+    if root is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    where = str(root or path.parent)
+    safefs.make_dirs(str(path.parent), root=where)
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = safefs.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, root=where)  # 0o666: the umask applies
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it 0600; a plain open() would follow the umask
-        os.replace(tmp, path)
+        safefs.replace(tmp, str(path), root=where)  # a link at path is replaced itself, never written through
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it (os.umask can only be read by setting it)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    # No /proc (or a kernel before 4.7): set and restore, a window in which another thread creating a file gets 022.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -124,7 +120,8 @@ def prepare_run_dir(cfg: Config, plan: LaunchPlan, started: float) -> logging.Lo
     log = setup_launcher_logging(run_dir / "logs" / "launcher.log")
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     write_json(run_dir / "plan.json", redact(plan.to_dict()))  # the workers get the real command
-    capture.start(run_dir, cfg.script.path, cfg.script.module, write_atomic)  # env/: in the background
+    # env/: in the background, through no link below the run directory
+    capture.start(run_dir, cfg.script.path, cfg.script.module, functools.partial(write_atomic, root=run_dir))
     for notice in plan.notices:
         log.info(notice)
     if plan.start_method == "spawn":

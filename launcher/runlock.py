@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan
+from launcher.runtime import safefs
 
 LOCK_DIR = "locks"
 
@@ -81,7 +82,7 @@ def existing_run(run_dir: Path, run_id: str, multinode: bool = False) -> ConfigE
 def claim(plan: LaunchPlan) -> RunLock:
     """Lock this launcher's node slots in the run directory, or say who holds them (exit 2)."""
     run_dir = Path(plan.run_dir)
-    (run_dir / LOCK_DIR).mkdir(exist_ok=True)
+    safefs.make_dirs(str(run_dir / LOCK_DIR), root=str(run_dir))
     record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job": job_key(plan), "run_id": plan.run_id})
     wanted = _slots(plan)
     fds: Dict[int, int] = {}
@@ -111,7 +112,7 @@ def claim_folder(folder: Path, job: str, name: str) -> Optional[RunLock]:
     """Slot 0 of a folder that one process runs as a whole (a sweep's runner), or None while another holds it.
 
     The same lock file and record as a run's, so live_holders (and `ls`) see the folder's runner."""
-    (folder / LOCK_DIR).mkdir(exist_ok=True)
+    safefs.make_dirs(str(folder / LOCK_DIR), root=str(folder))
     fd = _try_lock(_lock_path(folder, 0))
     if fd is None:
         return None
@@ -148,7 +149,7 @@ def _lock_path(run_dir: Path, slot: int) -> Path:
 
 
 def _try_lock(path: Path) -> Optional[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = safefs.open_fd(str(path), os.O_RDWR | os.O_CREAT, 0o644, root=str(path.parent.parent))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -166,8 +167,8 @@ def _write_record(fd: int, record: str) -> None:
 def _holder_if_held(path: Path, slot: int) -> Optional[Holder]:
     """Probe without taking it for long: a free lock is released at once, a held one is read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = safefs.open_fd(str(path), os.O_RDONLY, root=str(path.parent.parent))
+    except OSError:  # gone, or a link planted there (safefs.PlantedLinkError): no holder
         return None
     try:
         try:

@@ -16,6 +16,7 @@ from typing import Callable, List, NoReturn, Optional, Tuple
 
 from launcher import interrupts
 from launcher.errors import LauncherError
+from launcher.runtime.safefs import PlantedLinkError
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
@@ -171,6 +172,9 @@ def with_error_contract(call: Callable[[], int]) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except PlantedLinkError as e:  # a link planted in a run directory (README, Security): refused, never followed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
         return 128 + getattr(e, "sigval", signal.SIGINT)

@@ -33,7 +33,8 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from .checkpoint_files import FORMAT, MANIFEST, file_sha256, latest_valid, list_checkpoints, step_dir
+from launcher.runtime import safefs
+from .checkpoint_files import FORMAT, MANIFEST, TMP_PREFIX, file_sha256, latest_valid, list_checkpoints, step_dir
 from .diskspace import DiskFullError, disk_full, free_space, nearly_full
 from .faults import maybe_delay_save
 
@@ -92,10 +93,11 @@ def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], positi
     import torch.distributed.checkpoint as dcp
 
     rank = _rank()
-    final, tmp = step_dir(ckpt_dir, position.step), ckpt_dir / f".tmp-step-{position.step:08d}"
+    final, tmp = step_dir(ckpt_dir, position.step), ckpt_dir / f"{TMP_PREFIX}{position.step:08d}"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a job killed mid-save
-        tmp.mkdir(parents=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        safefs.remove_own(str(tmp))  # left by a job killed mid-save, or a link planted in its place
+        safefs.make_dirs(str(tmp), root=str(ckpt_dir))  # checkpoints/ itself a planted link: refused
     _barrier(group)
     try:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True), process_group=group)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+TMP_PREFIX = ".tmp-step-"  # a save in progress; one left by a killed job (or a link planted as one) is cleared
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 log = logging.getLogger("launcher.checkpoint")
 
@@ -24,7 +25,7 @@ log = logging.getLogger("launcher.checkpoint")
 def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Path]:
     """checkpoint.dir, else <run_dir>/checkpoints; None when there is nowhere to write."""
     if cfg.checkpoint.dir:
-        return Path(cfg.checkpoint.dir)
+        return Path(cfg.checkpoint.dir).resolve()  # the user's choice, resolved once (as output_dir is)
     return Path(run_dir) / "checkpoints" if run_dir else None
 
 

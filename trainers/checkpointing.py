@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from launcher.runtime import safefs
+
 from .checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
 from .checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
 from .checkpoint_files import checkpoint_dir
@@ -153,7 +155,7 @@ class Checkpointer:
         """Written into the run directory by the W&B logger, so a resumed run continues the same W&B run."""
         path = self._run_dir / "wandb_run_id" if self._run_dir else None
         if path is not None and path.is_file():
-            return path.read_text(encoding="utf-8").strip() or None
+            return safefs.read_bytes(str(path), root=str(self._run_dir)).decode("utf-8").strip() or None
         return None
 
 
@@ -167,7 +169,7 @@ def drop_metrics_after(run_dir: Optional[Path], step: int) -> None:
     if path is None or not path.is_file():
         return
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in safefs.read_bytes(str(path), root=str(run_dir)).decode("utf-8").splitlines():
         try:
             if int(json.loads(line).get("step", 0)) > step:
                 continue
@@ -175,8 +177,9 @@ def drop_metrics_after(run_dir: Optional[Path], step: int) -> None:
             pass  # not ours to judge: keep it
         kept.append(line + "\n")
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    with safefs.open_file(str(tmp), "w", root=str(run_dir), encoding="utf-8") as f:  # nothing followed (README, Security)
+        f.write("".join(kept))
+    safefs.replace(str(tmp), str(path), root=str(run_dir))
 
 
 def open_epoch(loader: DataLoader, skip: int, rng: Optional[dict]) -> Iterator[Any]:

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.runtime import safefs
+
 from .diskspace import disk_full, full_while_writing
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
@@ -50,8 +52,8 @@ class GoodputClock:
         self.marks: Dict[str, float] = {}  # {phase: when it ended} before the first step (PHASES)
         if rank == 0 and run_dir and started is not None:
             path = Path(run_dir) / DIR / f"{launch_key(started)}-attempt-{attempt}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd, self._path = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path
+            self._fd = safefs.open_fd(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, root=str(run_dir))
+            self._path = path
 
     def mark(self, phase: str, at: Optional[float] = None) -> None:
         """Phase `phase` (one of PHASES) of this attempt's start ended at `at` (now)."""
@@ -109,9 +111,8 @@ def record_failure(run_dir: str, started: float, attempt: int, hang: bool = Fals
     """The agent saw attempt `attempt` fail now (the first node to see it writes; a record is never replaced)."""
     path = Path(run_dir) / DIR / f"{launch_key(started)}-failure-{attempt}.json"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError:
+        fd = safefs.open_fd(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, root=run_dir)
+    except OSError:  # a planted link (safefs.PlantedLinkError) is never written through either
         return  # another node's, or a full disk: goodput then counts this gap as restart time
     try:
         with os.fdopen(fd, "w") as f:

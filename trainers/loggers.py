@@ -13,7 +13,7 @@ from pathlib import Path
 import time
 from typing import Any, Dict, List, Optional, Protocol
 
-from launcher.runtime import env
+from launcher.runtime import env, safefs
 from launcher.runtime.config import config_record
 from .diskspace import disk_full, full_while_writing
 from .progress import ProgressBar, eta_seconds, format_eta, use_bar
@@ -45,7 +45,7 @@ class JsonlLogger:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path, self._full = path, False
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = safefs.open_file(str(path), "a", root=str(path.parent), encoding="utf-8")  # never through a link
 
     def log(self, metrics: Dict[str, Any]) -> None:
         try:

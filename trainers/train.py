@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from launcher.runtime import safefs
 from launcher.runtime.beats import heartbeat
 from launcher.runtime.config import read_config
 from launcher.runtime.env import START_TIME
@@ -350,8 +351,8 @@ def _since_launch(at: Optional[float]) -> Optional[float]:
 
 def _record_shard(run_dir: str, rank: int, indices: List[int]) -> None:
     path = Path(run_dir) / "shards" / f"rank-{rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(indices))
+    with safefs.open_file(str(path), "w", root=run_dir) as f:  # never through a planted link
+        f.write(json.dumps(indices))
 
 
 def main(argv: List[str]) -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import queue
 import secrets
-import shutil
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from launcher.runtime import safefs
 
 RUN_ID_FILE = "wandb_run_id"
 # Files of the run directory attached to the W&B run when it closes.
@@ -30,12 +31,12 @@ def read_or_create_run_id(run_dir: Path) -> str:
     """The job's W&B run id: the stored one after a restart, otherwise a new one, stored at once."""
     path = run_dir / RUN_ID_FILE
     if path.is_file():
-        stored = path.read_text(encoding="utf-8").strip()
+        stored = safefs.read_bytes(str(path), root=str(run_dir)).decode("utf-8").strip()
         if stored:
             return stored
     run_id = secrets.token_hex(4)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(run_id + "\n", encoding="utf-8")
+    with safefs.open_file(str(path), "w", root=str(run_dir), encoding="utf-8") as f:  # never through a planted link
+        f.write(run_id + "\n")
     return run_id
 
 
@@ -129,10 +130,12 @@ class WandbLogger:
         # run.save() would symlink them and warn once per file.
         files = Path(self._run.dir)
         for name in KEY_FILES:
-            path = self._run_dir / name
-            if path.is_file():
-                (files / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, files / name)
+            try:
+                data = safefs.read_bytes(str(self._run_dir / name), root=str(self._run_dir))
+            except OSError:  # not written, or a link planted in its place: never uploaded
+                continue
+            with safefs.open_file(str(files / name), "wb", root=str(files)) as f:
+                f.write(data)
 
     def _fail(self, what: str, error: BaseException) -> None:
         if not self._warned:

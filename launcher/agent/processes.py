@@ -33,6 +33,7 @@ from launcher.agent.failures import readable_error_file
 from launcher.agent.streams import OutputRouter
 from launcher.agent.zygote import BOOTSTRAP, Zygote
 from launcher.interrupts import blocked_for_child
+from launcher.runtime import safefs
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 
 log = logging.getLogger("launcher")
@@ -224,7 +225,7 @@ class WorkerProcesses(PContext):
             return {"rank": w.rank, "exit_code": w.code, "hung_at_exit": w.hung_at_exit}
         path = Path(self._result_file(w.rank))
         try:
-            result = json.loads(path.read_text())
+            result = json.loads(safefs.read_bytes(str(path), root=self.job.run_dir))  # never through a planted link
             path.unlink()
             return result
         except (OSError, ValueError):

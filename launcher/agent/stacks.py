@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Tuple
 
 from launcher import trainers as shipped_trainers
+from launcher.runtime import safefs
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 
 log = logging.getLogger("launcher")
@@ -99,7 +100,7 @@ def _short(path: str) -> str:
 def dump_stacks(run_dir: Path, ranks: List[Worker]) -> Dict[int, Frames]:
     """Signal every rank to dump its Python stacks into stacks/rank-<k>.txt; {rank: its main thread's frames}."""
     for r in ranks:
-        stack_file(run_dir, r.rank).write_text("")  # only this dump, not an older one
+        safefs.open_file(str(stack_file(run_dir, r.rank)), "w", root=str(run_dir)).close()  # only this dump, not an older one
         with contextlib.suppress(ProcessLookupError):
             os.kill(r.pid, STACK_SIGNAL)
     deadline = time.monotonic() + DUMP_WAIT_S
@@ -126,7 +127,7 @@ def dump_native(run_dir: Path, ranks: List[Worker]) -> Optional[str]:
         return "py-spy is not installed: no native stacks (pip install py-spy)"
     procs = []
     for r in ranks:
-        out = open(run_dir / "stacks" / f"rank-{r.rank}.native.txt", "w")
+        out = safefs.open_file(str(run_dir / "stacks" / f"rank-{r.rank}.native.txt"), "w", root=str(run_dir))
         procs.append((r, out, subprocess.Popen([exe, "dump", "--native", "--pid", str(r.pid)], stdout=out,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
     deadline = time.monotonic() + NATIVE_WAIT_S
@@ -158,7 +159,7 @@ def dump_loader_workers(run_dir: Path, ranks: List[Worker]) -> List[Path]:
             continue
         for child in children:
             path = run_dir / "stacks" / f"rank-{r.rank}.loader-{child.pid}.txt"
-            with open(path, "w") as out, contextlib.suppress(subprocess.TimeoutExpired):
+            with safefs.open_file(str(path), "w", root=str(run_dir)) as out, contextlib.suppress(subprocess.TimeoutExpired):
                 subprocess.run([exe, "dump", "--pid", str(child.pid)], stdout=out, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, timeout=NATIVE_WAIT_S)
             written.append(path)

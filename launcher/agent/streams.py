@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Dict, List, Optional, Tuple
 
+from launcher.runtime import safefs
+
 MAX_PENDING = 1 << 16  # a line longer than this is shown in pieces rather than held back
 DRAIN_S = 2.0  # after the workers exited, how long to wait for their last bytes (a child may hold a pipe)
 TIMES_EVERY_S = 0.01  # arrival times closer than this share one entry: `logs --all` orders ranks to about this
@@ -83,8 +85,9 @@ class OutputRouter(threading.Thread):
         self._row = ConsoleRow()
 
     def add(self, rank: int, stdout_fd: int, stderr_fd: int, status_fd: int, log_path: str) -> None:
-        log = open(log_path, "ab", buffering=0)
-        times = open(log_path + TIMES_SUFFIX, "ab", buffering=0)
+        run_dir = os.path.dirname(os.path.dirname(log_path))  # <run_dir>/logs/rank-K.log: nothing below it followed
+        log = safefs.open_file(log_path, "ab", root=run_dir, buffering=0)
+        times = safefs.open_file(log_path + TIMES_SUFFIX, "ab", root=run_dir, buffering=0)
         with self._lock:
             self._logs += [log, times]
             self._times[id(log)] = _ArrivalTimes(times)

@@ -16,6 +16,7 @@ fourth argument). The plan says which one (LaunchPlan.mode): ``single`` runs her
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional
@@ -28,6 +29,8 @@ from launcher.config.secrets import redact
 from launcher.plan import build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir, finish, summary_base
 from launcher.runlock import check_not_a_finished_run, claim
+from launcher.runtime import safefs
+from launcher.trainers.checkpoint_files import TMP_PREFIX
 from launcher.warmstart import collector_paused
 
 
@@ -57,6 +60,8 @@ def launch(cfg: Config, dry_run: bool, started: float,
     if dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(redact(plan.to_dict()), indent=2))
         return 0
+    if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (README, Security)
+        safefs.refuse_planted(plan.run_dir, clears=(TMP_PREFIX,), others=("wandb",))
     check = getattr(backend, "check_before_start", None)
     if check is not None:
         check(plan)

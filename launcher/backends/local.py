@@ -21,7 +21,7 @@ from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, LauncherError, RunDirLostError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
-from launcher.runtime import env
+from launcher.runtime import env, safefs
 from launcher.steps.collector import Collector
 from launcher.trainers.checkpoint_files import checkpoint_dir, list_checkpoints
 
@@ -103,9 +103,9 @@ def finished_rank0(cfg: Config, plan: LaunchPlan, started: float, session: Optio
         return None
     path = result_file(plan.run_dir, 0)
     try:
-        if path.stat().st_mtime < started:
+        if path.lstat().st_mtime < started:
             return None  # an earlier launch's
-        result = json.loads(path.read_text())
+        result = json.loads(safefs.read_bytes(str(path), root=plan.run_dir))  # never through a planted link
     except (OSError, ValueError):
         return None
     done = isinstance(result, dict) and result.get("steps") == cfg.trainer.steps

@@ -21,7 +21,7 @@ from flask import Flask, abort, jsonify, request, send_file, send_from_directory
 from launcher.board.auth import QUERY, require_token
 from launcher.board.groups import group_row, group_view
 from launcher.board.runlist import board_runs
-from launcher.board.views import inside, log_view, run_view
+from launcher.board.views import NotServed, inside, log_view, run_view
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -76,8 +76,11 @@ def create_app(root: Path, allowed: Set[str]) -> Flask:
         if rank != "all" and not rank.isdigit():
             abort(400)
         count = request.args.get("tail", str(LOG_LINES))
-        return jsonify(log_view(folder, None if rank == "all" else int(rank), int(count) if count.isdigit() else LOG_LINES,
-                                request.args.get("grep", "")))
+        try:
+            return jsonify(log_view(folder, None if rank == "all" else int(rank),
+                                    int(count) if count.isdigit() else LOG_LINES, request.args.get("grep", "")))
+        except NotServed:  # a symlinked log: it could lead outside the folder
+            abort(404)
 
     return app
 

@@ -10,13 +10,16 @@ logs/rank-K.log and logs/launcher.log; its status and step target come from the 
 
 from __future__ import annotations
 
+import errno
 import heapq
+import io
 import json
+import os
 import re
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, BinaryIO, Dict, List, Optional
 
 from launcher.agent.ranklog import RankLog, rank_lines
 from launcher.runindex import run_row
@@ -42,9 +45,26 @@ def inside(root: Path, rel: str) -> Optional[Path]:
     return target if target == base or base in target.parents else None
 
 
+class NotServed(FileNotFoundError):
+    """A file of a run folder reached through a symlink: served as absent (404), whatever it points to."""
+
+
+def servable(path: Path) -> bool:
+    return os.path.realpath(path) == os.path.abspath(path)
+
+
+def open_served(path: Path) -> BinaryIO:
+    """path opened for reading only when its real path is itself: a symlink on the way or at the end (anyone
+    who can write the output folder can plant one) could lead outside the board's folder (README, Board)."""
+    if not servable(path):
+        raise NotServed(errno.ENOENT, "a symlink: not served", str(path))
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")  # and one swapped in since
+
+
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        with open_served(path) as f:
+            return json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -52,8 +72,9 @@ def read_json(path: Path) -> Any:
 def read_jsonl(path: Path) -> List[Dict[str, Any]]:
     """Every whole line of a JSONL file; a line being written (no newline yet) is left for the next read."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        with open_served(path) as f:
+            text = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
         return []
     rows = []
     for line in text.split("\n")[:-1]:
@@ -180,13 +201,13 @@ def failure_view(run_dir: Path, summary: Optional[Dict[str, Any]], status: Any) 
 
 def rank_logs(run_dir: Path) -> List[int]:
     folder = run_dir / "logs"
-    found = [RANK_LOG.match(p.name) for p in folder.iterdir()] if folder.is_dir() else []
+    found = [RANK_LOG.match(p.name) for p in folder.iterdir() if servable(p)] if servable(folder) and folder.is_dir() else []
     return sorted(int(m.group(1)) for m in found if m)
 
 
 def tail_lines(path: Path, count: int) -> List[str]:
     try:
-        with path.open(encoding="utf-8", errors="replace") as f:
+        with io.TextIOWrapper(open_served(path), encoding="utf-8", errors="replace") as f:
             return [line.rstrip("\n") for line in deque(f, maxlen=count)]
     except OSError:
         return []
@@ -196,7 +217,8 @@ def log_view(run_dir: Path, rank: Optional[int], count: int, grep: str = "") -> 
     """One rank's newest lines, or every rank's (rank None) in the order they arrived, each with one
     `[rank<k>]: ` prefix and a progress bar at its last state, as `logs --all` prints them; optionally filtered."""
     ranks = rank_logs(run_dir)
-    count = max(1, min(count, MAX_LOG_LINES))
+    if rank is not None and not servable(run_dir / "logs" / f"rank-{rank}.log"):
+        raise NotServed(errno.ENOENT, "a symlink: not served", f"rank-{rank}.log")  # the server's 404
     if rank is None:
         merged = heapq.merge(*(rank_lines([RankLog(run_dir / "logs" / f"rank-{r}.log", r)], finished=True) for r in ranks),
                              key=lambda item: (item[0], item[1]))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher.runtime import env
+from launcher.runtime import env, safefs
 
 BEAT_INTERVAL_S = 0.5  # finer than any sensible timeout, coarse enough to cost nothing per step
 # A beat file's mtime: 0 = registered, never beat; DONE_AT = finished (or tearing down), never judged again.
@@ -70,7 +70,7 @@ def heartbeat() -> None:
         return
     _last_beat = now
     try:
-        os.utime(_path)
+        os.utime(_path, follow_symlinks=False)  # a link planted in its place is touched itself, never its target
     except OSError:
         pass  # the run directory went away: nothing to watch any more
 
@@ -81,7 +81,7 @@ def disarm() -> None:
     if _registered_path() is None:
         return
     try:
-        os.utime(_path, (DONE_AT, DONE_AT))  # type: ignore[arg-type]
+        os.utime(_path, (DONE_AT, DONE_AT), follow_symlinks=False)  # type: ignore[arg-type]
     except OSError:
         pass
     _path = None
@@ -90,8 +90,8 @@ def disarm() -> None:
 def read_beat(path: Path) -> Optional[Dict[str, Any]]:
     """A registration with its last beat time (0 = never), or None if unreadable (being replaced)."""
     try:
-        record = json.loads(path.read_text())
-        record["beat_at"] = path.stat().st_mtime
+        record = json.loads(safefs.read_bytes(str(path), root=str(path.parent.parent)))  # <run_dir>/heartbeats/rank-K
+        record["beat_at"] = path.lstat().st_mtime
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from launcher.config.schema import Config
+from launcher.runtime import safefs
 from launcher.runtime.config import config_record
 from launcher.steps.records import StepFiles
 from launcher.steps.rows import JobRows
@@ -94,8 +95,8 @@ class Collector:
             return
         try:
             if self.fd is None:
-                self.fd = os.open(Path(self.run_dir) / "metrics.jsonl",
-                                  os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+                self.fd = safefs.open_fd(str(Path(self.run_dir) / "metrics.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                         root=str(self.run_dir))
             os.write(self.fd, (json.dumps(row) + "\n").encode())
         except OSError as e:
             self.fd = -1

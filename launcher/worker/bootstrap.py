@@ -142,7 +142,7 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
         watch.close()  # the last window's record
     if beat:
         try:
-            os.utime(beat, (DONE_AT, DONE_AT))  # done: a slow exit is no hang for the heartbeat watchdog
+            os.utime(beat, (DONE_AT, DONE_AT), follow_symlinks=False)  # done: a slow exit is no hang for the heartbeat watchdog
         except OSError:
             pass
     status.write(f"done {code}\n")
@@ -183,12 +183,18 @@ def progress() -> dict:
     of their own: nothing of the project enters sys.modules (see progress.py). The zygote loads it for every worker."""
     global _progress
     if _progress is None:
-        _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__}
+        here = os.path.dirname(os.path.abspath(__file__))
+        safefs = types.ModuleType("launcher_worker_safefs")  # launcher/runtime/safefs.py: opening nothing through a link
+        _exec_file(os.path.normpath(os.path.join(here, os.pardir, "runtime", "safefs.py")), safefs.__dict__)
+        _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__, "safefs": safefs}
         for name in ("loaders.py", "progress.py"):  # launcher.worker.progress.WORKER_FILES
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-            with open(path, "rb") as f:
-                exec(compile(f.read(), path, "exec"), _progress)
+            _exec_file(os.path.join(here, name), _progress)
     return _progress
+
+
+def _exec_file(path: str, namespace: dict) -> None:
+    with open(path, "rb") as f:
+        exec(compile(f.read(), path, "exec"), namespace)
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:
@@ -284,7 +290,8 @@ def record_error(e: BaseException, error_file: "str | None") -> None:
                         "extraInfo": {"py_callstack": "".join(traceback.format_exception(type(e), e, script_frames(e))),
                                       "timestamp": str(int(time.time()))}}}
     try:
-        with open(error_file, "w") as f:
+        run_dir = os.path.dirname(os.path.dirname(error_file))  # <run_dir>/logs/rank-K.error.json
+        with progress()["safefs"].open_file(error_file, "w", root=run_dir) as f:  # never through a planted link
             json.dump(data, f)
     except OSError:
         pass

@@ -15,7 +15,8 @@ record (launcher.trainers.goodput's format).
 A step is a step of the first optimizer that steps (a GAN's two optimizers count once per iteration); when that
 optimizer is gone or stops while another steps, the other takes over.
 Samples come from the DataLoader the loop iterates (launcher/worker/loaders.py, executed into the same namespace
-first: WORKER_FILES).
+first: WORKER_FILES). Every file is opened through launcher/runtime/safefs.py (the bootstrap hands the worker a
+copy as `safefs`): nothing in the run directory is followed through a symlink.
 """
 
 import errno
@@ -26,6 +27,9 @@ import socket
 import sys
 import time
 import weakref
+
+if "safefs" not in globals():  # imported by the launcher; a worker's bootstrap gives its own copy (no project module)
+    from launcher.runtime import safefs
 
 FORMAT = 1
 WORKER_FILES = ("loaders.py", "progress.py")  # executed in this order into a worker's namespace (bootstrap spells it too)
@@ -43,22 +47,20 @@ def register_heartbeat(where: "dict | None") -> "str | None":
         return None
     run_dir, rank = where["run_dir"], where["rank"]
     path = os.path.join(run_dir, "heartbeats", f"rank-{rank}")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     record = {"rank": rank, "local_rank": where["local_rank"], "pid": os.getpid(), "host": socket.gethostname(),
               "thread": __import__("threading").get_ident()}
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with safefs.open_file(tmp, "w", root=run_dir) as f:  # nothing in the run directory followed (README, Security)
         f.write(json.dumps(record) + "\n")
-    os.utime(tmp, (0, 0))  # registered, never beat: not judged until the first heartbeat()
-    os.replace(tmp, path)
+    os.utime(tmp, (0, 0), follow_symlinks=False)  # registered, never beat: not judged until the first heartbeat()
+    safefs.replace(tmp, path, root=run_dir)
     stacks = os.path.join(run_dir, "stacks", f"rank-{rank}.txt")
-    os.makedirs(os.path.dirname(stacks), exist_ok=True)
     import faulthandler  # only here: a script run without the watchdog gets nothing it did not import
 
     global _stack_file
     # kept open: faulthandler writes to its fd. Appending: the agent empties the file before each dump,
     # and a plain fd would write the next dump at its old offset, after a run of NUL bytes.
-    _stack_file = open(stacks, "a")
+    _stack_file = safefs.open_file(stacks, "a", root=run_dir)
     _stack_file.truncate(0)
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     return path
@@ -134,7 +136,7 @@ class StepWatch:
         if self.beat and now - self.beat_at >= BEAT_INTERVAL_S:
             self.beat_at = now
             try:
-                os.utime(self.beat)
+                os.utime(self.beat, follow_symlinks=False)
             except OSError:
                 pass  # the run directory went away: nothing to watch any more
 
@@ -198,7 +200,7 @@ class StepWatch:
     def write(self, record: dict) -> None:
         try:
             if self.fd is None:
-                self.fd = open_for_append(steps_file(self.where["run_dir"], self.rank))
+                self.fd = open_for_append(steps_file(self.where["run_dir"], self.rank), self.where["run_dir"])
             os.write(self.fd, (json.dumps(record) + "\n").encode())
         except (OSError, ValueError) as e:
             self.stop_writing(e)
@@ -213,7 +215,8 @@ class StepWatch:
         try:
             if self.goodput_fd is None:
                 where = self.where
-                self.goodput_fd = open_for_rewrite(goodput_file(where["run_dir"], where["launch"], int(where.get("attempt", 0))))
+                self.goodput_fd = open_for_rewrite(goodput_file(where["run_dir"], where["launch"], int(where.get("attempt", 0))),
+                                                   where["run_dir"])
             os.pwrite(self.goodput_fd, data.ljust(GOODPUT_RECORD_BYTES), 0)
         except (OSError, ValueError) as e:
             self.stop_writing(e)
@@ -285,12 +288,10 @@ def plain(values: dict) -> dict:
     return out
 
 
-def open_for_append(path: str) -> int:
+def open_for_append(path: str, run_dir: str) -> int:
     """Create or append, never through a symlink (a shared output folder: README, Security)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    return safefs.open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, root=run_dir)
 
 
-def open_for_rewrite(path: str) -> int:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+def open_for_rewrite(path: str, run_dir: str) -> int:
+    return safefs.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, root=run_dir)

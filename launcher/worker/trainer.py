@@ -13,7 +13,7 @@ import traceback
 from typing import IO, Any, Dict, NoReturn
 
 from launcher.config.schema import from_dict
-from launcher.runtime import beats
+from launcher.runtime import beats, safefs
 from launcher.trainers.diskspace import DiskFullError
 from launcher.trainers.stop import STOP
 from launcher.trainers.train import train
@@ -46,9 +46,11 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
             pass  # a full disk: the agent names the exit code, the line above says why
         _exit_now(1, status)
     tmp = spec["result_file"] + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:  # stopped too: a stop after the last step still finished the run
+    run_dir = os.path.dirname(os.path.dirname(tmp))  # <run_dir>/logs/.result-rank-K.json: nothing below it followed
+    # stopped too: a stop after the last step still finished the run
+    with safefs.open_file(tmp, "w", root=run_dir, encoding="utf-8") as f:
         json.dump(result, f)
-    os.replace(tmp, spec["result_file"])
+    safefs.replace(tmp, spec["result_file"], root=run_dir)
     if STOP.signum is not None:  # stopped by Ctrl-C/SIGTERM after a checkpoint: the agent is shutting down
         _exit_now(128 + STOP.signum, status)
     _exit_now(0, status)

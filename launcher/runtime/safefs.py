@@ -1,0 +1,165 @@
+"""Opening, making and replacing files in a run directory without following a symlink planted there.
+
+A run directory can live in a folder other users write to (README, Security), so nothing below
+its root is trusted to be what the launcher made: every directory on the way is opened relative to
+its parent with O_NOFOLLOW (no check-then-use window) and so is the last component. A symlink
+anywhere below the root, or the root itself being one, raises PlantedLinkError and nothing is
+written. The root's own parents are the user's choice and are followed (output_dir is resolved
+once, when the launch is planned). Standard library only: the worker bootstrap and trainers use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from typing import IO, Any, List, Optional, Tuple
+
+WHY = "a symlink the launcher did not make"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class PlantedLinkError(OSError):
+    """A path in a run directory is a symlink: refused, never followed, never removed."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.ELOOP, f"{path} is {WHY}: remove it, or run with another run_id=ID")
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def refuse_link(path: str) -> None:
+    """Raise PlantedLinkError when path itself is a symlink (a run directory planted as a link)."""
+    if os.path.islink(path):
+        raise PlantedLinkError(str(path))
+
+
+def refuse_planted(root: str, clears: Tuple[str, ...] = (), others: Tuple[str, ...] = ()) -> None:
+    """Raise PlantedLinkError for the first symlink in the tree under root (root itself included), walked without
+    following any; names starting with one of clears are leftovers the launcher replaces itself, link or not;
+    folders named in others, right under root, are another program's (W&B makes links of its own in wandb/):
+    refused when a link, never walked."""
+    refuse_link(root)
+    for folder, dirs, files in os.walk(root, onerror=None, followlinks=False):
+        if folder == root:
+            dirs[:] = [d for d in dirs if d not in others or os.path.islink(os.path.join(folder, d))]
+        for name in sorted(dirs + files):
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and not name.startswith(clears or ("\0",)):
+                raise PlantedLinkError(path)
+
+
+def _parts(root: str, path: str) -> List[str]:
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel == os.curdir:
+        return []
+    parts = rel.split(os.sep)
+    if parts[0] == os.pardir:
+        raise ValueError(f"{path} is not under {root}")
+    return parts
+
+
+def _open_dir(name: str, dir_fd: Optional[int], shown: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link_at(name, dir_fd):
+            raise PlantedLinkError(shown) from None
+        raise
+
+
+def _is_link_at(name: str, dir_fd: Optional[int]) -> bool:
+    try:
+        import stat
+
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def open_dir(path: str, *, root: str, make: bool = False) -> int:
+    """A descriptor of the directory path (root or below it), made where missing when make is set."""
+    shown = os.path.abspath(root)
+    fd = _open_dir(shown, None, shown)
+    try:
+        for name in _parts(root, path):
+            shown = os.path.join(shown, name)
+            if make:
+                try:
+                    os.mkdir(name, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made by another rank or node, or a link: the open below tells which
+            inner = _open_dir(name, fd, shown)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_dirs(path: str, *, root: str) -> None:
+    """os.makedirs(path, exist_ok=True) for a path under root, through no symlink."""
+    os.close(open_dir(path, root=root, make=True))
+
+
+def open_fd(path: str, flags: int, mode: int = 0o666, *, root: str) -> int:
+    """os.open(path, flags, mode) for a path under root: no symlink on the way or at the end.
+
+    With O_CREAT, missing directories between root and the file are made (the launcher's own)."""
+    path = os.path.abspath(path)
+    parent = open_dir(os.path.dirname(path), root=root, make=bool(flags & os.O_CREAT))
+    try:
+        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
+    except OSError as e:
+        if e.errno == errno.ELOOP or (e.errno == errno.EEXIST and _is_link_at(os.path.basename(path), parent)):
+            raise PlantedLinkError(path) from None
+        raise
+    finally:
+        os.close(parent)
+
+
+_FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+          "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL}
+
+
+def open_file(path: str, mode: str = "r", *, root: str, **kwargs: Any) -> IO[Any]:
+    """open(path, mode, ...) for a path under root ("r", "w", "a", "x", each with "b" or not), through no symlink."""
+    fd = open_fd(path, _FLAGS[mode.replace("b", "")], root=root)
+    try:
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str, *, root: str) -> bytes:
+    with open_file(path, "rb", root=root) as f:
+        return f.read()
+
+
+def replace(src: str, dst: str, *, root: str) -> None:
+    """os.replace(src, dst) for two paths under root, whose folders are reached through no symlink.
+
+    A link at dst is replaced itself (rename never follows its last component), never written through."""
+    src_dir = open_dir(os.path.dirname(os.path.abspath(src)), root=root)
+    try:
+        dst_dir = open_dir(os.path.dirname(os.path.abspath(dst)), root=root)
+        try:
+            os.replace(os.path.basename(src), os.path.basename(dst), src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+        finally:
+            os.close(dst_dir)
+    finally:
+        os.close(src_dir)
+
+
+def remove_own(path: str) -> None:
+    """Clear a leftover of the launcher's own (the temporary folder of a killed save) before making it afresh.
+
+    A symlink planted in its place is removed itself, never what it points to."""
+    if os.path.islink(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)  # which itself never follows a link inside the folder

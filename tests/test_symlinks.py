@@ -1,0 +1,189 @@
+"""No write or read through a link the launcher did not make (README, Security): a symlink planted in a run
+directory (by anyone who can write the output folder) is refused in one line, exit 2, and what it points to
+is unchanged; the board never serves a file through one; a planted checkpoint temp is cleared and the save
+goes on. Real launcher runs, a real board, and a second real user where the tests run as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.board_helpers import board, get
+from tests.helpers import QUICK, communicate_bounded, kill_group, run_bounded, run_launcher, start_launcher
+
+pytestmark = pytest.mark.timeout(180)
+WHY = "a symlink the launcher did not make"
+VICTIM_TEXT = b"the victim's own bytes\n"
+
+
+def victim(tmp_path: Path) -> Path:
+    path = tmp_path / "victim.txt"
+    path.write_bytes(VICTIM_TEXT)
+    return path
+
+
+def quick_run(out: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess:
+    return run_launcher(["--gpus", "1", f"output_dir={out}", f"run_id={run_id}", "trainer.steps=4",
+                         "trainer.log_every=1", *QUICK, *extra], cwd=out.parent, timeout=150)
+
+
+def assert_refused(done: subprocess.CompletedProcess, link: Path) -> None:
+    """One line naming the link and why, exit 2, no traceback."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert len(lines) == 1 and WHY in lines[0] and str(link) in lines[0], lines
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("planted", ["locks/node-0.lock", "logs/rank-0.log", "metrics.jsonl", "logs/rank-0.log.times",
+                                     "env"])
+def test_a_link_planted_in_the_run_directory_is_refused_and_its_target_unchanged(tmp_path, planted):
+    target = victim(tmp_path)
+    out = tmp_path / "runs"
+    link = out / "r" / planted
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target if planted != "env" else tmp_path)  # env/: a folder link, files written inside
+    before = sorted(os.listdir(tmp_path))
+    done = quick_run(out, "r")
+    assert_refused(done, link)
+    assert target.read_bytes() == VICTIM_TEXT
+    assert sorted(os.listdir(tmp_path)) == before, "nothing written beside the victim"
+    assert not (out / "r" / "plan.json").exists(), "refused before the run directory was written"
+
+
+def test_a_link_planted_mid_run_is_refused_when_met_and_never_written_through(tmp_path):
+    """Planted once the run has started (after the pre-start check): the restart's rank log meets it."""
+    target = victim(tmp_path)
+    out = tmp_path / "runs"
+    link = out / "r" / "logs" / "rank-0.attempt-1.log"
+    args = ["--gpus", "1", f"output_dir={out}", "run_id=r", "trainer.steps=40", "launcher.max_restarts=1", *QUICK]
+    proc = start_launcher(args, cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=30"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "r" / "plan.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        link.symlink_to(target)
+        output, _ = communicate_bounded(proc, 150, "launcher")  # stderr is merged into it
+    finally:
+        kill_group(proc)
+    last = output.strip().splitlines()[-1]  # the injected fault's own traceback is rank 0's, above it
+    assert last.startswith("error: ") and WHY in last and str(link) in last, output[-2000:]
+    assert proc.returncode == 2, (proc.returncode, output[-2000:])
+    assert target.read_bytes() == VICTIM_TEXT
+
+
+def test_the_links_wandb_makes_in_its_own_folder_are_no_refusal(tmp_path):
+    out = tmp_path / "runs"
+    (out / "r" / "wandb" / "offline-run-1").mkdir(parents=True)
+    (out / "r" / "wandb" / "latest-run").symlink_to("offline-run-1")  # as W&B leaves it, for a resume to meet
+    done = quick_run(out, "r")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_run_directory_that_is_a_symlink_is_refused_with_nothing_created(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / "r").symlink_to(elsewhere)
+    done = quick_run(out, "r")
+    assert_refused(done, out / "r")
+    assert os.listdir(elsewhere) == [] and os.listdir(out) == ["r"]
+
+
+def test_an_output_dir_that_is_a_symlink_is_resolved_once_and_recorded(tmp_path):
+    real = tmp_path / "real-out"
+    real.mkdir()
+    link = tmp_path / "out-link"
+    link.symlink_to(real)
+    done = quick_run(link, "r")
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads((real / "r" / "plan.json").read_text())
+    assert plan["run_dir"] == str(real.resolve() / "r")  # the resolved path, as every later write uses it
+    assert json.loads((real / "r" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_link_planted_as_a_checkpoint_temp_is_removed_and_the_save_goes_on(tmp_path):
+    target_dir = tmp_path / "victim-dir"
+    target_dir.mkdir()
+    (target_dir / "keep.txt").write_bytes(VICTIM_TEXT)
+    out = tmp_path / "runs"
+    ckpts = out / "r" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / ".tmp-step-00000002").symlink_to(target_dir)
+    done = quick_run(out, "r", "checkpoint.every_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert sorted(os.listdir(ckpts)) == ["step-00000002", "step-00000004"]
+    assert (ckpts / "step-00000002" / "manifest.json").is_file() and not (ckpts / "step-00000002").is_symlink()
+    assert os.listdir(target_dir) == ["keep.txt"] and (target_dir / "keep.txt").read_bytes() == VICTIM_TEXT
+
+
+def test_the_board_serves_nothing_through_a_planted_link(tmp_path):
+    pytest.importorskip("flask")
+    secret = tmp_path / "secret.log"
+    secret.write_text("SECRET-LINE\n")
+    secret_json = tmp_path / "secret.json"
+    secret_json.write_text(json.dumps({"status": "SECRET-STATUS"}) + "\n")
+    out = tmp_path / "runs"
+    done = quick_run(out, "r", "--gpus", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    logs = out / "r" / "logs"
+    (logs / "rank-0.log").unlink()
+    (logs / "rank-0.log").symlink_to(secret)
+    (out / "r" / "summary.json").unlink()
+    (out / "r" / "summary.json").symlink_to(secret_json)
+    with board(out) as (url, _):
+        status, body = get(f"{url}/api/logs?path=r&rank=0")
+        assert status == 404 and b"SECRET" not in body, status
+        status, body = get(f"{url}/api/logs?path=r&rank=all")
+        assert status == 200 and b"SECRET" not in body and b"[rank1]: " in body
+        status, body = get(f"{url}/api/run?path=r")
+        assert status == 200 and b"SECRET" not in body
+
+
+# --- a second, real user plants the link -------------------------------------------------------------------
+
+@pytest.fixture
+def other_user() -> Iterator[str]:
+    """A temporary local user (removed after); needs root and useradd."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it adds a temporary user")
+    if not all(map(shutil.which, ("useradd", "userdel", "setpriv"))):
+        pytest.skip("no useradd, userdel or setpriv on this machine")
+    name = f"lnk{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, timeout=30)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False, timeout=30)
+
+
+def test_roots_run_does_not_write_through_a_link_another_user_planted(tmp_path, other_user):
+    shared = Path(tempfile.mkdtemp(prefix="shared-out-", dir="/tmp"))  # a world-writable output folder
+    try:
+        shared.chmod(0o1777)
+        target = victim(tmp_path)  # root's own file, which the other user cannot write
+        uid = pwd.getpwnam(other_user).pw_uid
+        plant = 'mkdir -p "$1/r/logs" && ln -s "$2" "$1/r/logs/rank-0.log"'
+        planted = run_bounded(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sh", "-c", plant, "sh",
+                               str(shared), str(target)], Path("/"), timeout=30)
+        assert planted.returncode == 0, planted.stderr
+        link = shared / "r" / "logs" / "rank-0.log"
+        assert link.is_symlink() and link.lstat().st_uid == uid
+        done = quick_run(shared, "r")
+        assert_refused(done, link)
+        assert target.read_bytes() == VICTIM_TEXT
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
