@@ -21,22 +21,40 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import List, Optional, Tuple
 
-REPO = Path(__file__).resolve().parent.parent
 COMMON = ["trainer.steps=400", "trainer.log_every=1", "wandb.mode=disabled"]
 TIMEOUT_S = 180.0  # a job that has not ended by then hung (killed: exit code -9)
 
 
+def kill_tree(pid: int) -> None:
+    """The launch's process group and every descendant: torchrun's workers lead sessions of their own, and one
+    left alive holds the output pipe open (this bench then waited for ever)."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def timed_restart(cmd: List[str], cwd: str) -> Tuple[Optional[float], Optional[float], int]:
     """(failure -> resumed line, failure -> first resumed step) in seconds, None where not seen; the exit code."""
-    env = dict(os.environ, LAUNCHER_INJECT_FAULT="rank=1,step=200", WANDB_MODE="disabled", PYTHONPATH=str(REPO))
+    env = dict(os.environ, LAUNCHER_INJECT_FAULT="rank=1,step=200", WANDB_MODE="disabled")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
                             start_new_session=True)
     fault = resumed = step = None
     # torchrun's restarted workers can hang on the dead attempt's store (pytorch#135712): bounded, then killed
-    timer = threading.Timer(TIMEOUT_S, os.killpg, (proc.pid, signal.SIGKILL))
+    timer = threading.Timer(TIMEOUT_S, kill_tree, (proc.pid,))
     timer.start()
     assert proc.stdout is not None
     for line in proc.stdout:
