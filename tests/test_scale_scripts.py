@@ -17,7 +17,7 @@ from tests.helpers import REPO, only_run_dir, read_summary, run_launcher
 pytestmark = pytest.mark.timeout(420)
 
 SCRIPT = REPO / "tests" / "scripts" / "ddp_loader.py"
-TOO_MANY = "but CUDA shows" if torch.cuda.is_available() else "100000 CPU workers on this machine"
+TOO_MANY = "but CUDA shows" if torch.cuda.is_available() else "4000 CPU workers on this machine"
 
 
 # --- the command line: pure mapping, no process -------------------------------------------------------------
@@ -154,7 +154,9 @@ def test_a_node_sweep_of_a_script_that_keeps_its_global_batch_is_reported_as_str
 @pytest.mark.parametrize("args, words", [
     (["--gpus", "1,,2", "ddp_loader.py"], "--gpus 1,,2: an empty size between commas"),
     # the run's own check of what this machine can run (not the built-in trainer's data.dataset_size)
-    (["--gpus", "100000", "ddp_loader.py"], f"scale: at 100000 worker(s) (1 node(s) x 100000): {TOO_MANY}"),
+    (["--gpus", "4000", "ddp_loader.py"], f"scale: at 4000 worker(s) (1 node(s) x 4000): {TOO_MANY}"),
+    # beyond any machine: the bound on --gpus
+    (["--gpus", "100000", "ddp_loader.py"], "scale: at 100000 worker(s) (1 node(s) x 100000): --gpus=100000 is out of range"),
     (["--gpus", "1,100000", "--mode", "weak"], "scale: at 100000 worker(s)"),  # the built-in trainer too
     (["--gpus", "1,2", "nosuchscript.py", "--epochs", "1"], "script nosuchscript.py does not exist"),
     (["--gpus", "1,2", "--mode", "strong", "ddp_loader.py"], "cannot set a script's batch"),
