@@ -144,12 +144,12 @@ def test_the_board_serves_nothing_through_a_planted_link(tmp_path):
     (logs / "rank-0.log").symlink_to(secret)
     (out / "r" / "summary.json").unlink()
     (out / "r" / "summary.json").symlink_to(secret_json)
-    with board(out) as (url, _):
-        status, body = get(f"{url}/api/logs?path=r&rank=0")
+    with board(out) as b:
+        status, body = get(b.url("/api/logs?path=r&rank=0"))
         assert status == 404 and b"SECRET" not in body, status
-        status, body = get(f"{url}/api/logs?path=r&rank=all")
+        status, body = get(b.url("/api/logs?path=r&rank=all"))
         assert status == 200 and b"SECRET" not in body and b"[rank1]: " in body
-        status, body = get(f"{url}/api/run?path=r")
+        status, body = get(b.url("/api/run?path=r"))
         assert status == 200 and b"SECRET" not in body
 
 

@@ -28,7 +28,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -83,6 +83,9 @@ def rank_payload(position: Position) -> Dict[str, Any]:
     return {"position": asdict(position), "rng": capture_rng()}
 
 
+_MADE: Set[str] = set()  # checkpoint folders this process has saved into
+
+
 def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], position: Position, keep: int,
           group: Optional[Any] = None) -> Path:
     """Write state and this rank's payload as the checkpoint of `position`, atomically. Collective over group.
@@ -95,7 +98,10 @@ def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], positi
     rank = _rank()
     final, tmp = step_dir(ckpt_dir, position.step), ckpt_dir / f"{TMP_PREFIX}{position.step:08d}"
     if rank == 0:
+        if str(ckpt_dir) in _MADE and not ckpt_dir.is_dir():  # never re-made: a run directory deleted mid-run stays gone
+            raise FileNotFoundError(f"the checkpoint folder {ckpt_dir} is gone (deleted or moved while the job ran)")
         ckpt_dir.mkdir(parents=True, exist_ok=True)
+        _MADE.add(str(ckpt_dir))
         safefs.remove_own(str(tmp))  # left by a job killed mid-save, or a link planted in its place
         safefs.make_dirs(str(tmp), root=str(ckpt_dir))  # checkpoints/ itself a planted link: refused
     _barrier(group)

@@ -72,6 +72,19 @@ def what_is_left(run_dir: Path, gone: bool) -> str:
             f"python -m launcher resume {run_dir}")
 
 
+def verdict(run_dir: Path, found: str) -> str:
+    gone = not found.startswith("became read-only")
+    return f"the run directory {run_dir} {found} while the job ran: the job was stopped; " + what_is_left(run_dir, gone)
+
+
+def lost_run_dir(run_dir: Path) -> Optional[str]:
+    """The verdict for a run directory that can take no summary now (gone or read-only); None while it can. For a
+    worker that failed on it before the guard's next look."""
+    now = identity(run_dir)
+    found = problem(run_dir, now) if now is not None else "was deleted or moved"
+    return verdict(run_dir, found) if found else None
+
+
 class RunDirGuard(threading.Thread):
     def __init__(self, run_dir: Path, expected: Tuple[int, int]) -> None:
         super().__init__(name="launcher-rundir-guard", daemon=True)
@@ -90,9 +103,7 @@ class RunDirGuard(threading.Thread):
                 return
 
     def fire(self, found: str) -> None:
-        gone = not found.startswith("became read-only")
-        self.verdict = (f"the run directory {self.run_dir} {found} while the job ran: the job was stopped; "
-                        + what_is_left(self.run_dir, gone))
+        self.verdict = verdict(self.run_dir, found)
         log.error(f"the run directory {found}; stopping the job")
         # the agent shuts down instead of restarting workers (its main thread takes this before it looks at them
         # again); the workers are killed, not stopped: a stopped trainer would checkpoint into a re-made folder

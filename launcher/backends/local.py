@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional
 from launcher import interrupts
 from launcher.agent.launch import first_result, run_node
 from launcher.agent.processes import result_file
+from launcher.agent.rundir_guard import lost_run_dir
 from launcher.backends.addresses import choose_interface
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, LauncherError, RunDirLostError, WorkerFailedError
@@ -129,10 +130,13 @@ def finish_with(session: Optional[Any], collector: Optional[Collector]) -> Calla
     """finish (or the session's), with the collector's last rows before and its W&B summary after."""
     finish_as = session.finish if session is not None else finish
 
-    def finishing(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+    def finishing(run_dir: Path, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        lost = lost_run_dir(Path(run_dir))
+        if lost:  # a rank failed on it before the guard's next look (launcher.agent.rundir_guard)
+            raise RunDirLostError(lost)
         if collector is not None:
             collector.drain()
-        summary = finish_as(*args, **kwargs)
+        summary = finish_as(run_dir, *args, **kwargs)
         if collector is not None:
             collector.close(summary)
         return summary
