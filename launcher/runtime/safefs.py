@@ -39,7 +39,7 @@ def refuse_link(path: str) -> None:
 def refuse_planted(root: str, clears: Tuple[str, ...] = (), others: Tuple[str, ...] = ()) -> None:
     """Raise PlantedLinkError for the first symlink in the tree under root (root itself included), walked without
     following any; names starting with one of clears are leftovers the launcher replaces itself, link or not;
-    folders named in others, right under root, are another program's (W&B makes links of its own in wandb/):
+    folders named in others, right under root, are another program's (W&B makes links of its own in wandb/, submitit in slurm/):
     refused when a link, never walked."""
     refuse_link(root)
     for folder, dirs, files in os.walk(root, onerror=None, followlinks=False):
