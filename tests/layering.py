@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Union
 
-
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("launcher", "trainers", "cluster")
 # The name each folder installs as (setup.cfg's package_dir): only `launcher` is a top-level name.
