@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import resource
+import time
 import sys
 
 import psutil
@@ -23,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
             pass
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def starts_processes(item: pytest.Item) -> bool:
         source = getattr(getattr(item, "module", None), "__file__", None)
@@ -39,6 +43,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return max((i + 1 for i, name in enumerate(LAYERS) if name in marks), default=0)
 
     items.sort(key=layer)  # stable: file order within a layer
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+# Under pytest-xdist (tests/run.sh: `-n N --dist loadgroup`) one worker runs a whole group, in order.
+SHARED = ("slurm", "ray", "netns")  # one dev cluster, Ray clusters on one machine, one set of namespaces
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The group a test runs in: its shared resource's, else its file's (module-scoped runs are made once).
+
+    A file may split its groups further by a parameter (SPLIT_XDIST_BY = "backend" in
+    tests/test_backend_contract.py: each backend's shared jobs are made once, on one worker).
+    """
+    marks = {m.name for m in item.iter_markers()}
+    for shared in SHARED:
+        if shared in marks:
+            return shared
+    split = getattr(getattr(item, "module", None), "SPLIT_XDIST_BY", None)
+    callspec = getattr(item, "callspec", None)
+    if split and callspec is not None and split in callspec.params:
+        return f"{item.path.name}[{callspec.params[split]}]"
+    return item.path.name
 
 
 @pytest.fixture(autouse=True)
@@ -86,3 +113,25 @@ def _cmd(p: psutil.Process) -> str:
         return " ".join(p.cmdline())[:120]
     except psutil.Error:
         return "?"
+
+
+# CPU seconds each test's processes used (pytest's own and every child it waited for, workers included through
+# the launcher that waited for them): on 2 cores the suite's length is bounded by its CPU time, not by how many
+# tests run at once, so this is the figure to cut (`LAUNCHER_TEST_CPU=FILE` appends "cpu_s wall_s nodeid" lines).
+CPU_LOG = os.environ.get("LAUNCHER_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: object):
+    if not CPU_LOG:
+        yield
+        return
+    before, started = _cpu_seconds(), time.monotonic()
+    yield
+    with open(CPU_LOG, "a", encoding="utf-8") as f:
+        f.write(f"{_cpu_seconds() - before:.1f} {time.monotonic() - started:.1f} {item.nodeid}\n")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

@@ -42,6 +42,7 @@ from tests.test_ray import ray2  # noqa: F401  (the Ray dev cluster's fixture, r
 from tests.ray_cluster import ray_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+SPLIT_XDIST_BY = "backend"  # each backend's shared jobs on one xdist worker (tests/conftest.py)
 
 SCRIPT = REPO / "tests" / "scripts" / "contract.py"
 FAILURE = "RuntimeError: contract: rank 1 fails on purpose"
