@@ -36,7 +36,7 @@ class Hardware:
     exported: Tuple[str, ...] = ()  # which of FLIGHT_RECORDER_ENV the user exported (kept as they are)
 
 
-# NCCL's flight recorder, on for NCCL jobs while the watchdog is on (README, Differences from torchrun):
+# NCCL's flight recorder, on for NCCL jobs while the watchdog is on (docs/torchrun.md):
 # the last collectives of every rank, dumped into <run_dir>/stacks/ on NCCL's timeout or when the
 # watchdog writes to a rank's debug pipe (launcher.agent.stacks). {variable: value, STACKS = that folder}
 FLIGHT_RECORDER_ENV = {
@@ -131,7 +131,7 @@ def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional
 
 
 def worker_env(cfg: Config, run_dir: str, omp: int, hw: Hardware) -> Dict[str, str]:
-    """What the launcher adds to the workers' environment (README: Differences from torchrun)."""
+    """What the launcher adds to the workers' environment (docs/torchrun.md)."""
     env: Dict[str, str] = {}
     if omp != hw.omp_threads_env:
         env["OMP_NUM_THREADS"] = str(omp)

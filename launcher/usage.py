@@ -172,7 +172,7 @@ def with_error_contract(call: Callable[[], int]) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except PlantedLinkError as e:  # a link planted in a run directory (README, Security): refused, never followed
+    except PlantedLinkError as e:  # a link planted in a run directory (docs/security.md): refused, never followed
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:

@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-# torch is pinned to the CPU build that lies on this kind of machine (see README: GPU machines).
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+# torch is pinned to the CPU build that lies on this kind of machine (see docs/getting-started.md: GPU
+# machines); the docs extra is mkdocs, for tests/test_docs.py's strict build of the documentation site.
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test,docs]'
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   if ! command -v ip >/dev/null; then

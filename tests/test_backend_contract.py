@@ -1,6 +1,6 @@
 """One contract, every place a job can run: what a user checks, the same wherever the job ran.
 
-In the spirit of Hydra's LauncherTestSuite: each test states one promise of the README and runs
+In the spirit of Hydra's LauncherTestSuite: each test states one promise of the docs and runs
 for every backend. The launcher is a black box here, driven through `python -m launcher` only
 (no launcher module is imported), so the suite holds whatever the code inside looks like.
 
@@ -194,7 +194,7 @@ def test_a_successful_job_exits_0(backend, script_job):
 
 
 def test_a_failing_rank_fails_the_job_and_is_named_with_its_error(backend, failing_job):
-    assert failing_job.codes[0] == 1, failing_job.console[-3000:]  # README: 1 = a worker failed
+    assert failing_job.codes[0] == 1, failing_job.console[-3000:]  # docs/run-directory.md: 1 = a worker failed
     assert all(code != 0 for code in failing_job.codes), failing_job.codes
     named = [line for line in failing_job.console.splitlines() if "rank 1 failed" in line]
     assert any(FAILURE in line for line in named), failing_job.console[-3000:]
@@ -219,7 +219,7 @@ def test_the_run_directory_holds_config_plan_a_log_per_rank_and_the_summary(back
 
 
 def shape_of(summary: dict) -> tuple:
-    """What every summary says about the job, whatever its outcome (README: The run directory)."""
+    """What every summary says about the job, whatever its outcome (docs/run-directory.md)."""
     wall = summary.get("wall_s")
     return (summary.get("world_size"), summary.get("nodes"), isinstance(wall, (int, float)) and wall > 0,
             summary.get("restarts"))
@@ -243,14 +243,14 @@ def test_a_failed_jobs_summary_names_where_it_ran_as_a_finished_ones_does(backen
     assert where[0] == where[1], (finished, failed)
     if backend.nodes > 1:
         assert where[0][0] is not None and where[0][1] in ("static", "c10d"), finished
-    if backend.name == "slurm":  # README (SLURM): the summary names the SLURM job, whatever the outcome
+    if backend.name == "slurm":  # docs/slurm.md: the summary names the SLURM job, whatever the outcome
         submitted = json.loads((failing_job.run_dir / "job.json").read_text())["job_id"]
         assert finished.get("slurm_job_id") and str(failed.get("slurm_job_id")) == str(submitted), (finished, failed)
 
 
 @pytest.mark.parametrize("outcome", ["completed", "failed"])
 def test_a_multi_node_summary_lists_the_nodes_and_their_ranks(backend, request, outcome):
-    """README (Several machines): summary.json has `node_list`, for a failed job too."""
+    """docs/several-machines.md: summary.json has `node_list`, for a failed job too."""
     if backend.nodes == 1:
         pytest.skip("node_list is promised for multi-node jobs")
     job = request.getfixturevalue("script_job" if outcome == "completed" else "failing_job")

@@ -1,7 +1,8 @@
 """Bad input: one line naming the problem and the fix, exit code 2, no traceback, nothing started,
 nothing created or changed (no run directory, no `./~`, a resumed run's files untouched).
 
-README's "Bad input" paragraph states how many classes this table runs; test_readme_count holds it to that.
+The documentation's "Bad input" section (docs/configuration.md) states how many classes this table runs;
+test_documented_count holds it to that.
 """
 
 import hashlib
@@ -174,11 +175,11 @@ def test_an_unknown_keys_value_is_not_echoed(tmp_path):
     assert "sk-live-123456" not in result.stderr + result.stdout
 
 
-def test_readme_count(tmp_path):
-    """The README's count of bad-input classes is what this table runs."""
-    text = (REPO / "README.md").read_text()
+def test_documented_count(tmp_path):
+    """The documentation's count of bad-input classes is what this table runs."""
+    text = (REPO / "docs" / "configuration.md").read_text()
     stated = re.search(r"`tests/test_bad_input.py` runs (\d+) of them", text)
-    assert stated, "README's bad-input paragraph lost its count"
+    assert stated, "docs/configuration.md's bad-input section lost its count"
     assert int(stated.group(1)) == len(cases(tmp_path))
 
 

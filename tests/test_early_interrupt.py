@@ -30,7 +30,7 @@ def wait_for_the_launchers_first_line(pid: int) -> None:
     """Until launcher.__main__ has run its first line: the hold catches SIGHUP, which Python leaves alone.
 
     Before that the interpreter is still starting (site-packages, 0.05-0.3 s), which no code of ours
-    can guard; README "Exit codes" says so.
+    can guard; docs/run-directory.md "Exit codes" says so.
     """
     deadline = time.monotonic() + 30
     while not catches(pid, signal.SIGHUP):

@@ -67,7 +67,7 @@ def test_script_sees_the_same_world_as_under_torchrun(tmp_path, start_method):
     for mine, ref in zip(ours, theirs):
         mine["argv"] = [a.replace(ours_out, "OUT") for a in mine["argv"]]
         ref["argv"] = [a.replace(theirs_out, "OUT") for a in ref["argv"]]
-        # README, Differences from torchrun: on one machine the workers' store listens on loopback only
+        # docs/torchrun.md: on one machine the workers' store listens on loopback only
         assert mine["env"].pop("MASTER_ADDR") == "127.0.0.1"
         ref["env"].pop("MASTER_ADDR")
         assert mine == ref

@@ -1,5 +1,5 @@
 """Hangs in plain scripts, caught with no code change: the DDP tutorial's shape (tests/scripts/ddp_hang.py),
-which never imports the launcher, judged by its optimizer steps (README: Hangs: the watchdog)."""
+which never imports the launcher, judged by its optimizer steps (docs/hangs.md)."""
 
 import shutil
 import time

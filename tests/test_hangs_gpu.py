@@ -1,4 +1,4 @@
-"""NCCL's flight recorder in a hung NCCL job: skipped without CUDA (README: Hangs: the watchdog)."""
+"""NCCL's flight recorder in a hung NCCL job: skipped without CUDA (docs/hangs.md)."""
 
 
 import pytest

@@ -1,5 +1,5 @@
 """A multi-machine job's nodes sign what they share at the rendezvous with the job's secret, and refuse
-what is not signed with it before anything is unpickled (README, Security).
+what is not signed with it before anything is unpickled (docs/security.md).
 
 Real node agents on 127.0.0.1, real sockets; a forged state goes in through a plain TCPStore client,
 as anyone who can reach the rendezvous port could write it. Every run is bounded, and every launcher's

@@ -1,5 +1,5 @@
 """Another local process, or another user, writing to a one-machine job's loopback store ends the job in
-one line naming the store and what happened, never in a misleading rendezvous timeout (README, Security).
+one line naming the store and what happened, never in a misleading rendezvous timeout (docs/security.md).
 
 A real job holds its process group open; the attacker, a separate process with a plain TCPStore client
 (as anyone on the machine can run: the job's loopback ports are visible to every user in

@@ -1,4 +1,4 @@
-"""No write or read through a link the launcher did not make (README, Security): a symlink planted in a run
+"""No write or read through a link the launcher did not make (docs/security.md): a symlink planted in a run
 directory (by anyone who can write the output folder) is refused in one line, exit 2, and what it points to
 is unchanged; the board never serves a file through one; a planted checkpoint temp is cleared and the save
 goes on. Real launcher runs, a real board, and a second real user where the tests run as root.

@@ -29,7 +29,7 @@ RUN_TIMEOUT_S = 150
 COMMON_ENV = {"OMP_NUM_THREADS": "1"}
 # Values that differ per run: compared by presence only.
 PER_RUN = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
-# README, Differences from torchrun: on one machine the workers' store is at a loopback address and
+# docs/torchrun.md: on one machine the workers' store is at a loopback address and
 # gloo/NCCL are told the loopback interface (torchrun: the host's name, and whatever it resolves to).
 LOOPBACK = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 # Set for a script only while the watchdog is on (watchdog.timeout_s > 0).

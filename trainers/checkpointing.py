@@ -177,7 +177,7 @@ def drop_metrics_after(run_dir: Optional[Path], step: int) -> None:
             pass  # not ours to judge: keep it
         kept.append(line + "\n")
     tmp = path.with_name(f".{path.name}.tmp")
-    with safefs.open_file(str(tmp), "w", root=str(run_dir), encoding="utf-8") as f:  # nothing followed (README, Security)
+    with safefs.open_file(str(tmp), "w", root=str(run_dir), encoding="utf-8") as f:  # nothing followed (docs/security.md)
         f.write("".join(kept))
     safefs.replace(str(tmp), str(path), root=str(run_dir))
 

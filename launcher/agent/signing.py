@@ -21,7 +21,7 @@ class SignatureError(ValueError):
 def foreign_value_message(where: str, what: str) -> str:
     """A one-machine job's store (on loopback, its secret its own) holds a value this job did not write."""
     return (f"the job's store at {where} holds a value not signed by this job (another user or process wrote to "
-            f"this job's store): {what}; the job was stopped and nothing of it was loaded (README, Security)")
+            f"this job's store): {what}; the job was stopped and nothing of it was loaded (docs/security.md)")
 
 
 def is_signed(blob: bytes) -> bool:

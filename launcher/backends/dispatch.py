@@ -60,7 +60,7 @@ def launch(cfg: Config, dry_run: bool, started: float,
     if dry_run:
         print("# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(redact(plan.to_dict()), indent=2))
         return 0
-    if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (README, Security)
+    if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
         safefs.refuse_planted(plan.run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
     check = getattr(backend, "check_before_start", None)
     if check is not None:

@@ -7,7 +7,7 @@ The store is created multi-tenant on the rendezvous port: torch's static and c10
 theirs the same way, so in the hosting process they share this one server (one port, no second one).
 With launcher.backends.addresses, this module owns every socket the launcher opens itself.
 
-With a rendezvous secret (README, Security), every value written here is signed and every value
+With a rendezvous secret (docs/security.md), every value written here is signed and every value
 read is verified (launcher.agent.signing): a node given another secret is named, on every node. The
 nodes of a simulated job get a fresh secret from the launcher that starts them.
 """

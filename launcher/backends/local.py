@@ -36,7 +36,7 @@ def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = 
     os.environ[env.START_TIME] = repr(started)
     if session is None:
         # gloo (and NCCL) would listen on the address the host name resolves to, often a LAN address:
-        # this machine's job needs none but loopback (README, Security)
+        # this machine's job needs none but loopback (docs/security.md)
         choose_interface("127.0.0.1", LOOPBACK_PROBE_PORT)
     return run_and_summarize(cfg, plan, started, session)
 

@@ -130,7 +130,7 @@ def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:
     if key is None:
         log.warning(f"no rendezvous secret: anyone who can reach {plan.rdzv_endpoint} can join this job or read and "
                     f"rewrite its rendezvous; give every node the same secret with --rdzv-secret-file PATH or "
-                    f"{env.RDZV_SECRET} (README, Security)")
+                    f"{env.RDZV_SECRET} (docs/security.md)")
     return key
 
 

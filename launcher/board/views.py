@@ -55,7 +55,7 @@ def servable(path: Path) -> bool:
 
 def open_served(path: Path) -> BinaryIO:
     """path opened for reading only when its real path is itself: a symlink on the way or at the end (anyone
-    who can write the output folder can plant one) could lead outside the board's folder (README, Board)."""
+    who can write the output folder can plant one) could lead outside the board's folder (docs/board.md)."""
     if not servable(path):
         raise NotServed(errno.ENOENT, "a symlink: not served", str(path))
     return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")  # and one swapped in since

@@ -2,7 +2,7 @@
 the LAUNCHER_RDZV_SECRET environment variable (a SLURM submission sets it for its tasks).
 
 Only the path is ever part of the config; the secret itself is read here, by the node agent, and is
-written nowhere (README, Security).
+written nowhere (docs/security.md).
 """
 
 from __future__ import annotations

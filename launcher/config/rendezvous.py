@@ -98,7 +98,7 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
         host, port = split_endpoint(cfg.rdzv.endpoint)
         fields.update(rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
                       rdzv_id=_UNSAFE_ID_CHARS.sub("_", cfg.rdzv.id) if cfg.rdzv.id else run_id)
-    if mode in ("static", "c10d"):  # a job across machines: its nodes sign what they share (README, Security)
+    if mode in ("static", "c10d"):  # a job across machines: its nodes sign what they share (docs/security.md)
         fields.update(rdzv_secret_file=cfg.rdzv.secret_file)
     return fields
 

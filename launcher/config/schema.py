@@ -109,7 +109,7 @@ class RendezvousConfig:
     master_port: int = 29500  # TCP port on node 0 that the nodes meet on (static rendezvous)
     endpoint: Optional[str] = None  # HOST:PORT of the c10d rendezvous (any node may host it)
     id: Optional[str] = None  # rendezvous id; None = derived from the address and port
-    # a file holding the job's rendezvous secret, the same on every node (README, Security); without
+    # a file holding the job's rendezvous secret, the same on every node (docs/security.md); without
     # it, LAUNCHER_RDZV_SECRET. Only the path is recorded: the secret is read by the node agent.
     secret_file: Optional[str] = None
 

@@ -33,7 +33,7 @@ from launcher import trainers as shipped_trainers
 from launcher.config.secrets import REDACTED, redact, redact_argv, redact_text
 
 ENV_DIR = "env"
-OFF = "LAUNCHER_ENV_CAPTURE"  # =0 turns the record off (README, Many runs)
+OFF = "LAUNCHER_ENV_CAPTURE"  # =0 turns the record off (docs/many-runs.md)
 # Environment variables that change how a distributed job runs; names are prefixes unless they end in "$".
 DISTRIBUTED_ENV = re.compile(
     r"^(NCCL_|GLOO_|OMP_|MKL_|KMP_|CUDA_|CUDNN_|NVIDIA_|TORCH|PYTORCH_|MASTER_|SLURM_|UCX_|FI_|"

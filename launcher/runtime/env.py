@@ -2,8 +2,8 @@
 test hooks a worker reads. Nothing else of the project spells these names.
 """
 
-# Set for every worker while the hang watchdog is on (watchdog.timeout_s > 0; README, Differences
-# from torchrun): where the heartbeat files go, and the timeout a heartbeat must beat.
+# Set for every worker while the hang watchdog is on (watchdog.timeout_s > 0; docs/torchrun.md,
+# Differences from torchrun): where the heartbeat files go, and the timeout a heartbeat must beat.
 RUN_DIR = "LAUNCHER_RUN_DIR"
 WATCHDOG_TIMEOUT_S = "LAUNCHER_WATCHDOG_TIMEOUT_S"
 # When the user's command started (seconds since the epoch): the built-in trainer's time to first
@@ -14,6 +14,6 @@ INJECT_FAULT = "LAUNCHER_INJECT_FAULT"
 TEST_HANG_RANK = "LAUNCHER_TEST_HANG_RANK"
 TEST_HANG_STEP = "LAUNCHER_TEST_HANG_STEP"
 TEST_SAVE_DELAY_S = "LAUNCHER_TEST_SAVE_DELAY_S"
-# The job's rendezvous secret (README, Security): the node agents sign what they share through the
+# The job's rendezvous secret (docs/security.md): the node agents sign what they share through the
 # rendezvous store with it. Read by the agent (launcher.config.rdzv_secret) and never passed to a worker.
 RDZV_SECRET = "LAUNCHER_RDZV_SECRET"

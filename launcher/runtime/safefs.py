@@ -1,6 +1,6 @@
 """Opening, making and replacing files in a run directory without following a symlink planted there.
 
-A run directory can live in a folder other users write to (README, Security), so nothing below
+A run directory can live in a folder other users write to (docs/security.md), so nothing below
 its root is trusted to be what the launcher made: every directory on the way is opened relative to
 its parent with O_NOFOLLOW (no check-then-use window) and so is the last component. A symlink
 anywhere below the root, or the root itself being one, raises PlantedLinkError and nothing is

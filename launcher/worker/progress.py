@@ -50,7 +50,7 @@ def register_heartbeat(where: "dict | None") -> "str | None":
     record = {"rank": rank, "local_rank": where["local_rank"], "pid": os.getpid(), "host": socket.gethostname(),
               "thread": __import__("threading").get_ident()}
     tmp = f"{path}.{os.getpid()}.tmp"
-    with safefs.open_file(tmp, "w", root=run_dir) as f:  # nothing in the run directory followed (README, Security)
+    with safefs.open_file(tmp, "w", root=run_dir) as f:  # nothing in the run directory followed (docs/security.md)
         f.write(json.dumps(record) + "\n")
     os.utime(tmp, (0, 0), follow_symlinks=False)  # registered, never beat: not judged until the first heartbeat()
     safefs.replace(tmp, path, root=run_dir)
@@ -289,7 +289,7 @@ def plain(values: dict) -> dict:
 
 
 def open_for_append(path: str, run_dir: str) -> int:
-    """Create or append, never through a symlink (a shared output folder: README, Security)."""
+    """Create or append, never through a symlink (a shared output folder: docs/security.md)."""
     return safefs.open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, root=run_dir)
 
 

@@ -1,7 +1,7 @@
 """SLURM's environment as the launcher's rendezvous: which node this is, where node 0 is, which port.
 
-Read-only: getters never write os.environ. One SLURM task per node runs the node agent (see the
-README's "SLURM" section), so SLURM_NODEID is the node rank and SLURM_JOB_NODELIST's first host
+Read-only: getters never write os.environ. One SLURM task per node runs the node agent (see
+docs/slurm.md, Design), so SLURM_NODEID is the node rank and SLURM_JOB_NODELIST's first host
 runs node 0. Every node derives the same port from the job id alone, so nothing has to be sent.
 """
 
