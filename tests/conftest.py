@@ -64,7 +64,7 @@ def xdist_group(item: pytest.Item) -> str:
     split = getattr(getattr(item, "module", None), "SPLIT_XDIST_BY", None)
     callspec = getattr(item, "callspec", None)
     if split and callspec is not None and split in callspec.params:
-        return f"{item.path.name}[{callspec.params[split]}]"
+        return f"{item.path.name}:{callspec.params[split]}"  # no "]": xdist takes "...]@name" for no group
     return item.path.name
 
 
