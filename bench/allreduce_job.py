@@ -1,4 +1,4 @@
-"""DDP's gradient all-reduce with our communication timing on (trainers.metrics.CommTimer, read every
+"""DDP's gradient all-reduce with our communication timing on (trainers.metrics.steps.CommTimer, read every
 step as the trainer does) against the same all-reduce without it, alternating, in the same processes;
 a raw dist.all_reduce of the same bytes is reported beside them.
 
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launcher.trainers.dist import DistEnv, init_process_group  # noqa: E402
-from launcher.trainers.metrics import attach_comm_timer  # noqa: E402
+from launcher.trainers.parallel.dist import DistEnv, init_process_group  # noqa: E402
+from launcher.trainers.metrics.steps import attach_comm_timer  # noqa: E402
 
 SIZES_MB = (1, 16)
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launcher.trainers.checkpointing import Checkpointer  # noqa: E402
+from launcher.trainers.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from launcher.trainers.models import MLP  # noqa: E402
 
 BATCH, EVERY = 32, 50

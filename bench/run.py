@@ -119,7 +119,7 @@ def bench_meter_in_process(blocks: int, steps: int) -> Dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from launcher.trainers.metrics import StepMeter
+    from launcher.trainers.metrics.steps import StepMeter
     from launcher.trainers.models import MLP
 
     torch.manual_seed(0)

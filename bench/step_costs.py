@@ -24,9 +24,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launcher.trainers.checkpointing import Checkpointer  # noqa: E402
+from launcher.trainers.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from launcher.trainers.data import grouped_batches, teacher_dataset  # noqa: E402
-from launcher.trainers.metrics import StepMeter, attach_comm_timer, window_metrics  # noqa: E402
+from launcher.trainers.metrics.steps import StepMeter, attach_comm_timer, window_metrics  # noqa: E402
 from launcher.trainers.models import MLP  # noqa: E402
 from launcher.trainers.precision import Precision  # noqa: E402
 from launcher.trainers.stepping import optimizer_step  # noqa: E402

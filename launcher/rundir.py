@@ -26,7 +26,7 @@ from launcher.provenance import capture
 from launcher.runtime import safefs
 from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
-from launcher.trainers.goodput import format_goodput, job_goodput
+from launcher.trainers.metrics.goodput import format_goodput, job_goodput
 from launcher.worker.progress import STEPS_DIR
 
 SUMMARY_KEYS = (

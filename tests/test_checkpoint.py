@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import QUICK, REPO, launcher_env, only_run_dir, run_launcher
-from launcher.trainers import checkpoint as ckpt
-from launcher.trainers import checkpoint_files as files
+from launcher.trainers.checkpoint import store as ckpt
+from launcher.trainers.checkpoint import files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +107,7 @@ def test_killed_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     """A real SIGKILL at the worst moment: every file of the new checkpoint written, not yet renamed."""
     script = textwrap.dedent(f"""
         import os, signal, torch, torch.distributed as dist
-        from launcher.trainers import checkpoint as ckpt
+        from launcher.trainers.checkpoint import store as ckpt
         from tests.test_checkpoint import trained
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         model, optimizer = trained(0)
@@ -164,7 +164,7 @@ def test_loading_never_runs_code_from_a_checkpoint(tmp_path, monkeypatch, name):
 def test_every_seconds_saves_when_time_has_passed_and_records_the_wandb_run(tmp_path):
     from types import SimpleNamespace
 
-    from launcher.trainers.checkpointing import Checkpointer
+    from launcher.trainers.checkpoint.checkpointer import Checkpointer
 
     cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None, every_steps=0, every_seconds=1e-9, keep=5))
     (tmp_path / "wandb_run_id").write_text("run-xyz\n")  # written by the W&B logger
@@ -243,7 +243,7 @@ def test_sharded_fsdp_model_and_optimizer_resume_exactly(tmp_path):
 
 def _agree_on_a_stop(rank, store, result_file):
     """Rank 1 asks to stop at step 3 only; every rank must see the agreed stop at the same step."""
-    from launcher.trainers.stop import StepSignals
+    from launcher.trainers.faults.stop import StepSignals
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     signals = StepSignals(2, torch.device("cpu"))
@@ -272,8 +272,8 @@ def test_killed_during_a_background_write_leaves_the_previous_checkpoint_intact(
     script = textwrap.dedent(f"""
         import os, signal, sys, time, torch, torch.distributed as dist
         from types import SimpleNamespace
-        from launcher.trainers import checkpoint as ckpt
-        from launcher.trainers.checkpointing import Checkpointer
+        from launcher.trainers.checkpoint import store as ckpt
+        from launcher.trainers.checkpoint.checkpointer import Checkpointer
         from tests.test_checkpoint import trained
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         model, optimizer = trained(0)
@@ -310,7 +310,7 @@ def test_an_async_save_is_the_copy_taken_at_its_step(tmp_path):
     """Weights changed after an async save returns do not leak into the checkpoint it writes."""
     from types import SimpleNamespace
 
-    from launcher.trainers.checkpointing import Checkpointer
+    from launcher.trainers.checkpoint.checkpointer import Checkpointer
 
     cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path), every_steps=1, every_seconds=0, keep=3,
                                                      async_save=True))
@@ -331,8 +331,8 @@ def test_an_async_save_is_the_copy_taken_at_its_step(tmp_path):
 def test_every_steps_auto_times_one_save_and_picks_the_young_daly_interval(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from launcher.trainers.checkpoint_interval import young_daly_steps
-    from launcher.trainers.checkpointing import PROBE_STEPS, Checkpointer
+    from launcher.trainers.checkpoint.interval import young_daly_steps
+    from launcher.trainers.checkpoint.checkpointer import PROBE_STEPS, Checkpointer
 
     assert young_daly_steps(0.08, 0.01, 3600)[0] == 2400  # sqrt(2 x 0.08 x 3600) = 24 s of 10 ms steps
     cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir=None, every_steps="auto", every_seconds=0, keep=2,
@@ -348,7 +348,7 @@ def test_every_steps_auto_times_one_save_and_picks_the_young_daly_interval(tmp_p
 
 
 def test_auto_plans_for_failures_as_often_as_this_job_has_restarted():
-    from launcher.trainers.checkpoint_interval import young_daly_steps
+    from launcher.trainers.checkpoint.interval import young_daly_steps
 
     steps, reason = young_daly_steps(0.08, 0.01, 3600, restarts=2, elapsed_s=100)  # a failure every 50 s so far
     assert steps == 283 and "MTBF 50s as this job has shown (2 restarts in 100s; checkpoint.mtbf_s=3600)" in reason

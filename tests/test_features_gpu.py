@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.helpers import only_run_dir, read_metrics, read_summary, run_launcher
-from launcher.trainers.mfu import peak_flops
+from launcher.trainers.metrics.mfu import peak_flops
 
 pytestmark = [
     pytest.mark.gpu,

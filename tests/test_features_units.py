@@ -60,7 +60,7 @@ def test_batch_size_auto_is_accepted_and_numbers_stay_numbers():
 
 
 def test_find_batch_size_takes_the_largest_that_fits():
-    from launcher.trainers.memory import find_batch_size
+    from launcher.trainers.metrics.memory import find_batch_size
 
     need = lambda b: 1000 + 100 * b  # noqa: E731  (pure search logic: any monotone cost will do)
     found = find_batch_size(need, cap_bytes=1000 + 100 * 37, largest=512)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.helpers import QUICK, only_run_dir, read_metrics, read_summary, run_launcher
-from launcher.trainers.goodput import CAUSES, account
+from launcher.trainers.metrics.goodput import CAUSES, account
 
 pytestmark = pytest.mark.timeout(240)
 

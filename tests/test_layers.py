@@ -2,7 +2,7 @@
 
 Five rules: no import cycles among the project's modules; no module takes another module's
 private name; trainers/ know only the runtime contract of launcher/ (launcher.runtime); no module
-over 400 lines; launcher/ is not one flat folder. Each rule is checked against the real tree, and
+over 400 lines; launcher/ (and trainers/) is not one flat folder. Each rule is checked against the real tree, and
 against small synthetic trees to prove that it can fail (and does not fire on what it allows).
 """
 
@@ -14,6 +14,8 @@ from typing import Callable
 import pytest
 
 from tests.layering import (PACKAGES, PROJECT_ROOT, TRAINER_CONTRACT, flat_launcher_modules, import_cycles, oversized_modules, private_imports, scan_project, trainer_imports_outside_contract)
+
+MAX_FLAT_TRAINER_MODULES = 12
 
 
 # ---------------------------------------------------------------- the real tree
@@ -47,6 +49,14 @@ def test_launcher_is_not_one_flat_folder():
     flat = flat_launcher_modules(PROJECT_ROOT)
     if flat:
         pytest.fail("\n".join(flat), pytrace=False)
+
+
+def test_trainers_is_not_one_flat_folder():
+    """trainers/ keeps the loop's entry points at its top and groups the rest (checkpoint/, metrics/, ...)."""
+    flat = sorted(path.name for path in (PROJECT_ROOT / "trainers").glob("*.py"))
+    assert len(flat) <= MAX_FLAT_TRAINER_MODULES, f"trainers/ holds {len(flat)} modules directly: {', '.join(flat)}"
+    for init in (PROJECT_ROOT / "trainers").glob("*/__init__.py"):  # each group says what it owns
+        assert init.read_text().startswith('"""'), f"{init.relative_to(PROJECT_ROOT)}: a one-line docstring"
 
 
 def test_the_scan_sees_the_project():

@@ -12,11 +12,11 @@ from launcher.errors import ConfigError
 from tests.helpers import REPO, launcher_env
 from launcher.commands.scale import build_points, capacity_notice, parse_sizes
 from launcher.commands.scale_report import render_markdown, render_plot, scaling_efficiency, scaling_rows
-from launcher.trainers.metrics import count_tokens
-from launcher.trainers.stragglers import stragglers
-from launcher.trainers.mfu import mfu_figures, mfu_percent, peak_flops, FlopCount
-from launcher.trainers.progress import eta_seconds, format_eta
-from launcher.trainers.wandb_logger import RUN_ID_FILE, read_or_create_run_id
+from launcher.trainers.metrics.steps import count_tokens
+from launcher.trainers.metrics.stragglers import stragglers
+from launcher.trainers.metrics.mfu import mfu_figures, mfu_percent, peak_flops, FlopCount
+from launcher.trainers.metrics.progress import eta_seconds, format_eta
+from launcher.trainers.metrics.wandb_logger import RUN_ID_FILE, read_or_create_run_id
 
 
 def test_scaling_efficiency_is_throughput_over_n_times_base():
@@ -141,7 +141,7 @@ def test_peak_rss_is_the_kernels_high_water_mark_and_catches_a_peak_between_samp
     """A 400 MB tensor freed again before anyone looks: sampling the RSS would miss it, the peak does not."""
     code = textwrap.dedent("""
         import torch
-        from launcher.trainers.footprint import PeakMemory, rss_peak_bytes
+        from launcher.trainers.metrics.footprint import PeakMemory, rss_peak_bytes
         memory = PeakMemory(torch.device("cpu"))
         before = memory.peak_bytes()
         x = torch.ones(100 * 1024 * 1024)  # 400 MB, touched

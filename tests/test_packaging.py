@@ -26,6 +26,8 @@ def test_wheel_carries_configs_and_console_script(tmp_path):
     # every package of the source tree is in it (setup.cfg lists them: a new subpackage must be added there)
     for init in REPO.joinpath("launcher").rglob("__init__.py"):
         assert init.relative_to(REPO).as_posix() in names, init
+    for init in REPO.joinpath("trainers").rglob("__init__.py"):  # installed as launcher/trainers/...
+        assert f"launcher/{init.relative_to(REPO).as_posix()}" in names, init
     # one top-level name: nothing of ours can shadow a user's trainers.py, configs.py, cluster.py or tests/
     assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"launcher"}
     top_level = next(n for n in names if n.endswith("top_level.txt"))

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.runtime.beats import TIMEOUT_ENV, heartbeat
-from .dist import DistEnv, init_process_group, pick_device, process_group_timeout, set_threads
+from .parallel.dist import DistEnv, init_process_group, pick_device, process_group_timeout, set_threads
 
 WARMUP = 5  # untimed calls per size: connection setup and allocator warm-up
 

@@ -1,6 +1,6 @@
 """``data.batch_size=auto``: try trial steps of growing size on the wrapped model before training.
 
-See trainers/memory.py for what is measured on CUDA (the real peak) and on CPU (an estimate).
+See trainers/metrics/memory.py for what is measured on CUDA (the real peak) and on CPU (an estimate).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-from .memory import GIB, agreed, default_cap_bytes, find_batch_size, local_state_bytes, saved_activation_bytes
+from .metrics.memory import GIB, agreed, default_cap_bytes, find_batch_size, local_state_bytes, saved_activation_bytes
 from .models import loss_fn
+from .parallel.strategies import data_layout
 from .precision import Precision
-from .strategies import data_layout
 
 
 def resolve_auto_batch(model: nn.Module, dataset: Any, cfg: Any, env: Any, device: torch.device,

@@ -88,7 +88,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_bat
                    device: torch.device, precision: Precision, max_grad_norm: float, meter: Any = None) -> StepResult:
     """``micro_batches``: (batch, seconds waited for it) pairs from trainers.data.grouped_batches.
 
-    meter (trainers.metrics.StepMeter) times forward, backward and optimizer; a pipeline's
+    meter (trainers.metrics.steps.StepMeter) times forward, backward and optimizer; a pipeline's
     schedule interleaves forward and backward, so its whole step counts as backward.
     """
     phase = meter.phase if meter is not None else (lambda name: None)

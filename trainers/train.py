@@ -25,22 +25,22 @@ from launcher.runtime.beats import heartbeat
 from launcher.runtime.config import read_config
 from launcher.runtime.env import START_TIME
 from .autobatch import activation_bytes, resolve_auto_batch
-from .checkpointing import Checkpointer, Start, open_epoch
+from .checkpoint.checkpointer import Checkpointer, Start, open_epoch
 from .data import build_dataset, build_loader, grouped_batches
-from .dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
-from .faults import maybe_fail
-from .features_report import FeatureTimes, feature_summary, loader_settings
-from .footprint import PeakMemory, state_bytes
-from .goodput import GoodputClock, first_step_of_launch, job_goodput
-from .inject_hang import maybe_hang
-from .loggers import MetricsLogger, build_loggers, run_dir_from_env
-from .memory import OutOfMemory, memory_stats, oom_message
-from .metrics import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
+from .faults.hang import maybe_hang
+from .faults.inject import maybe_fail
+from .faults.stop import STOP
+from .metrics.features import FeatureTimes, feature_summary, loader_settings
+from .metrics.footprint import PeakMemory, state_bytes
+from .metrics.goodput import GoodputClock, first_step_of_launch, job_goodput
+from .metrics.loggers import MetricsLogger, build_loggers, run_dir_from_env
+from .metrics.memory import OutOfMemory, memory_stats, oom_message
+from .metrics.steps import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
 from .models import build_model, param_checksum
+from .parallel.dist import DistEnv, init_process_group, pick_device, process_group_timeout, seed_everything, set_threads
+from .parallel.strategies import STRATEGIES, DataLayout, data_layout
 from .precision import Precision, resolve_precision
 from .stepping import grad_norm, optimizer_step, settle_gradient_buckets
-from .stop import STOP
-from .strategies import STRATEGIES, DataLayout, data_layout
 from .transforms import prepare_model
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
@@ -48,7 +48,7 @@ WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step cos
 
 def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     """Train cfg.model with cfg.trainer.strategy; rank 0's result carries the job-wide figures."""
-    marks = {"launch": time.time()}  # the attempt's start, by phase (trainers.goodput.PHASES)
+    marks = {"launch": time.time()}  # the attempt's start, by phase (trainers.metrics.goodput.PHASES)
     env = DistEnv.from_environ()
     STOP.install(grace_s=cfg.checkpoint.grace_s)  # Ctrl-C/SIGTERM: checkpoint at the next step boundary
     set_threads()
@@ -84,7 +84,7 @@ class _Run:
     accum: int  # micro-batches per optimizer step
     global_batch: int  # the effective batch of one optimizer step
     memory: PeakMemory
-    clock: GoodputClock  # rank 0's record of where this attempt's time went (trainers.goodput)
+    clock: GoodputClock  # rank 0's record of where this attempt's time went (trainers.metrics.goodput)
     run_dir: Optional[str]
 
 

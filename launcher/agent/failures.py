@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from launcher.plan import LaunchPlan
 from launcher.runtime.env import START_TIME
-from launcher.trainers.goodput import record_failure
+from launcher.trainers.metrics.goodput import record_failure
 
 log = logging.getLogger("launcher")
 
@@ -31,7 +31,7 @@ class FailureWatch:
 
     def on_failure(self, failures: Dict[int, Any], worker_group: Any, attempt: int, left: int, resumes: bool) -> None:
         started = os.environ.get(START_TIME)
-        if started:  # the moment this attempt's failure was seen: the end of its failure detection (trainers.goodput)
+        if started:  # the moment this attempt's failure was seen: the end of its failure detection (trainers.metrics.goodput)
             record_failure(self.plan.run_dir, float(started), attempt)
         self.last = found = with_recorded_errors(failures, self.plan, attempt)
         if left > 0:

@@ -28,8 +28,8 @@ from launcher.agent.processes import WorkerJob
 from launcher.agent.stores import listening_store
 from launcher.agent.watchdog import StartPeers, run_watched
 from launcher.runtime import env
-from launcher.trainers.diskspace import free_space, nearly_full
-from launcher.trainers.goodput import launch_key
+from launcher.trainers.faults.diskspace import free_space, nearly_full
+from launcher.trainers.metrics.goodput import launch_key
 
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
@@ -113,7 +113,7 @@ def worker_job(plan: LaunchPlan, config: Dict[str, Any], agent_env: Tuple[str, .
 
 def script_steps(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """What a script's workers record of their steps (metrics.scripts): this launch's key for the goodput records
-    (launcher.trainers.goodput), and whether rank 0 adds the launcher's figures to a W&B run the script starts."""
+    (launcher.trainers.metrics.goodput), and whether rank 0 adds the launcher's figures to a W&B run the script starts."""
     if not config.get("metrics", {}).get("scripts", True):
         return None
     started = os.environ.get(env.START_TIME)

@@ -30,7 +30,7 @@ from launcher.plan import build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir, finish, summary_base
 from launcher.runlock import check_not_a_finished_run, claim
 from launcher.runtime import safefs
-from launcher.trainers.checkpoint_files import TMP_PREFIX
+from launcher.trainers.checkpoint.files import TMP_PREFIX
 from launcher.warmstart import collector_paused
 
 

@@ -24,7 +24,7 @@ from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
 from launcher.runtime import env, safefs
 from launcher.steps.collector import Collector
-from launcher.trainers.checkpoint_files import checkpoint_dir, list_checkpoints
+from launcher.trainers.checkpoint.files import checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("launcher")
 LOOPBACK_PROBE_PORT = 9  # any port: finding the interface towards an address sends nothing

@@ -88,7 +88,7 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
 
 
 def live_step(run_dir: Path) -> Optional[int]:
-    """Rank 0's step now: the newest launch's newest attempt record (trainers.goodput, rewritten every step)."""
+    """Rank 0's step now: the newest launch's newest attempt record (trainers.metrics.goodput, rewritten every step)."""
     records = sorted((run_dir / "goodput").glob("*-attempt-*.json"), key=_launch_and_attempt)
     for path in reversed(records):
         record = read_json(path) if path.stat().st_size else None

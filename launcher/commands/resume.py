@@ -20,7 +20,7 @@ from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.rundir import archive_rank_logs
 from launcher.usage import OneLineParser
-from launcher.trainers.checkpoint_files import checkpoint_dir, latest_valid, read_manifest
+from launcher.trainers.checkpoint.files import checkpoint_dir, latest_valid, read_manifest
 
 # Keys a resumed run may change; everything else is fixed by what the checkpoint holds.
 CHANGEABLE = ("trainer.steps", "trainer.lr", "trainer.log_every", "checkpoint.", "launcher.", "rdzv.", "wandb.")

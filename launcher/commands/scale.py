@@ -38,7 +38,7 @@ from launcher.commands.scale_report import (COLUMNS, HEADERS, TRAINER_FOOTNOTE, 
                                             render_plot, scaling_rows, spread, throughputs)
 from launcher.commands.scale_script import SCRIPT_COLUMNS, batch_check, efficiency_basis, footnote, script_rows
 from launcher.usage import OneLineParser, script_spec, split_argv
-from launcher.trainers.wandb_logger import log_table
+from launcher.trainers.metrics.wandb_logger import log_table
 
 Script = Tuple[str, bool, List[str]]  # launcher.usage.script_spec: (path or module, is_module, its arguments)
 

@@ -9,7 +9,7 @@ WATCHDOG_TIMEOUT_S = "LAUNCHER_WATCHDOG_TIMEOUT_S"
 # When the user's command started (seconds since the epoch): the built-in trainer's time to first
 # step. The agent's own bookkeeping: a script never sees it.
 START_TIME = "LAUNCHER_START_TIME"
-# Test hooks of the built-in trainer (trainers.faults, trainers.inject_hang).
+# Test hooks of the built-in trainer (trainers.faults.inject, trainers.faults.hang).
 INJECT_FAULT = "LAUNCHER_INJECT_FAULT"
 TEST_HANG_RANK = "LAUNCHER_TEST_HANG_RANK"
 TEST_HANG_STEP = "LAUNCHER_TEST_HANG_STEP"

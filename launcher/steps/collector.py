@@ -2,7 +2,7 @@
 
 One thread of the launcher on the node that runs rank 0 reads every rank's steps/rank-<k>.jsonl about once a
 second (a run directory shared by the nodes) and appends a row per record of rank 0 (launcher.steps.rows). W&B
-follows the built-in trainer's rules (launcher.trainers.wandb_logger: offline by default, one run per job
+follows the built-in trainer's rules (launcher.trainers.metrics.wandb_logger: offline by default, one run per job
 whose id is kept in wandb_run_id, wandb.mode), with one more: when the script started a W&B run of its own,
 rank 0's worker puts the launcher's figures into that run (launcher/worker/progress.py) and no second run is made.
 The decision waits for rank 0's first record, written at its first optimizer step, by which time a script has
@@ -25,7 +25,7 @@ from launcher.runtime import safefs
 from launcher.runtime.config import config_record
 from launcher.steps.records import StepFiles
 from launcher.steps.rows import JobRows
-from launcher.trainers.wandb_logger import WandbLogger, wandb_enabled
+from launcher.trainers.metrics.wandb_logger import WandbLogger, wandb_enabled
 
 log = logging.getLogger("launcher")
 POLL_S = 1.0

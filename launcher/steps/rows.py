@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from launcher.trainers.stragglers import stragglers
+from launcher.trainers.metrics.stragglers import stragglers
 
 # Fields of ours in a row: a launcher.log key with one of these names is kept as logged/<key>.
 OWN = ("step", "attempt", "attempt_step", "time", "steps_per_s", "step_time_s", "samples_per_s", "rss_peak_mb",

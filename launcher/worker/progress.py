@@ -10,7 +10,7 @@ stack dumps <run_dir>/stacks/rank-<k>.txt. One StepWatch per script worker is th
 Per step it reads a clock, counts and keeps the interval (about a microsecond; bench/script_metrics.py). About
 once a second (FLUSH_S; also at the first step and at the end) it appends one record to
 <run_dir>/steps/rank-<k>.jsonl (its fields: launcher.steps.records), and rank 0 rewrites its attempt's goodput
-record (launcher.trainers.goodput's format).
+record (launcher.trainers.metrics.goodput's format).
 
 A step is a step of the first optimizer that steps (a GAN's two optimizers count once per iteration); when that
 optimizer is gone or stops while another steps, the other takes over.
@@ -37,7 +37,7 @@ STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SI
 STEPS_DIR = "steps"
 FLUSH_S = 1.0  # a record at most about this often
 BEAT_INTERVAL_S = 0.5  # launcher.runtime.beats.BEAT_INTERVAL_S
-GOODPUT_DIR, GOODPUT_RECORD_BYTES = "goodput", 1024  # launcher.trainers.goodput.DIR, RECORD_BYTES
+GOODPUT_DIR, GOODPUT_RECORD_BYTES = "goodput", 1024  # launcher.trainers.metrics.goodput.DIR, RECORD_BYTES
 MB = 1024.0 * 1024.0
 
 
@@ -206,7 +206,7 @@ class StepWatch:
             self.stop_writing(e)
 
     def write_goodput(self, at: float) -> None:
-        """launcher.trainers.goodput's attempt record, its loop ending at `at` (the last step): a script's steps count as
+        """launcher.trainers.metrics.goodput's attempt record, its loop ending at `at` (the last step): a script's steps count as
         kept (it may keep checkpoints of its own)."""
         record = {"first_step_at": self.first_at, "active_until": at, "start_step": 0, "step": self.step,
                   "block_s": 0.0, "kept": {"step": self.step, "at": at, "block_s": 0.0},

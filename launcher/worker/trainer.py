@@ -14,8 +14,8 @@ from typing import IO, Any, Dict, NoReturn
 
 from launcher.config.schema import from_dict
 from launcher.runtime import beats, safefs
-from launcher.trainers.diskspace import DiskFullError
-from launcher.trainers.stop import STOP
+from launcher.trainers.faults.diskspace import DiskFullError
+from launcher.trainers.faults.stop import STOP
 from launcher.trainers.train import train
 
 

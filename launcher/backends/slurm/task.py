@@ -26,7 +26,7 @@ from launcher.logs import setup_launcher_logging
 from launcher.rundir import archive_rank_logs, read_json, write_json
 
 log = logging.getLogger("launcher")
-STOP_SIGNAL = signal.SIGUSR2  # submitit's checkpoint signal; the trainer stops on it (trainers.stop)
+STOP_SIGNAL = signal.SIGUSR2  # submitit's checkpoint signal; the trainer stops on it (trainers.faults.stop)
 
 
 class SlurmNodeAgent:
@@ -75,7 +75,7 @@ def stop_workers_and_wait(timeout_s: float) -> None:
     """Ask this node's workers to checkpoint and stop; wait until they have exited.
 
     SLURM may already have signalled them (proctrack signals every process of the step); a second
-    signal within the trainer's repeat window is ignored (trainers.stop). The workers of the other
+    signal within the trainer's repeat window is ignored (trainers.faults.stop). The workers of the other
     nodes stop at the same step: the ranks agree on a stop at every step boundary.
     """
     for pid in running_worker_pids():

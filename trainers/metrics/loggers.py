@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from launcher.runtime import env, safefs
 from launcher.runtime.config import config_record
-from .diskspace import disk_full, full_while_writing
+from ..faults.diskspace import disk_full, full_while_writing
 from .progress import ProgressBar, eta_seconds, format_eta, use_bar
 from .wandb_logger import WandbLogger, wandb_enabled
 

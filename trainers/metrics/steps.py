@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from .footprint import rss_peak_bytes
-from .stragglers import stragglers
 from .mfu import FlopCount, mfu_figures
+from .stragglers import stragglers
 
 # Per-rank figures gathered at each log step, in this order (only the loss when not detailed).
 PHASES = ("data", "forward", "backward", "optimizer")

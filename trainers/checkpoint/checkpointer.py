@@ -1,6 +1,6 @@
 """When the training loop saves, and how it picks up exactly where a checkpoint left off.
 
-Kept apart from trainers.checkpoint (the on-disk format) so a strategy or a cluster integration can
+Kept apart from trainers.checkpoint.store (the on-disk format) so a strategy or a cluster integration can
 use the format without the loop's policy: every_steps, every_seconds, at the end, and on a stop request.
 """
 
@@ -20,12 +20,12 @@ from torch.utils.data import DataLoader
 
 from launcher.runtime import safefs
 
-from .checkpoint import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
-from .checkpoint_async import BackgroundWriter, stage, staged_bytes, writer_group
-from .checkpoint_files import checkpoint_dir
-from .checkpoint_interval import young_daly_steps
-from .goodput import GoodputClock
-from .stop import STOP, StepSignals
+from ..faults.stop import STOP, StepSignals
+from ..metrics.goodput import GoodputClock
+from .background import BackgroundWriter, stage, staged_bytes, writer_group
+from .files import checkpoint_dir
+from .interval import young_daly_steps
+from .store import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
 
 
 PROBE_STEPS = 10  # every_steps=auto: steps timed before the save whose cost sets the interval

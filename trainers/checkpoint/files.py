@@ -1,7 +1,7 @@
 """Checkpoints on disk, without torch: where they are, which verify against their manifest.
 
 The launcher reads these (resume, the hint after a stopped run) and must not pay for importing
-torch.distributed.checkpoint (1.4 s of start-up) to list a directory; trainers.checkpoint writes
+torch.distributed.checkpoint (1.4 s of start-up) to list a directory; trainers.checkpoint.store writes
 and loads them.
 """
 

@@ -1,7 +1,7 @@
 """Checkpoints written in the background: the loop waits only for a host-memory copy of the state.
 
 The copy (stage) is taken at a step boundary with the RNG states and data position of that step;
-a daemon thread then writes it through trainers.checkpoint.write on a process group of its own, so
+a daemon thread then writes it through trainers.checkpoint.store.write on a process group of its own, so
 its collectives never interleave with the loop's. At most one write is in flight: the next save, and
 the end of training, wait for it. The manifest is published by that write, after every rank's files
 are on disk, so a kill mid-write leaves the previous checkpoint the newest valid one.

@@ -78,7 +78,7 @@ def mfu_figures(count: FlopCount, step_time_s: float, device: torch.device) -> D
     precision = matmul_precision(count.dtype)
     peak = peak_flops(name, precision)
     if peak is None:
-        return {"mfu_note": f"no known {precision} peak for '{name}': add it to trainers/mfu.py PEAK_FLOPS"}
+        return {"mfu_note": f"no known {precision} peak for '{name}': add it to trainers/metrics/mfu.py PEAK_FLOPS"}
     if not count.flops:
         return {"mfu_note": "no FLOPs counted (the model ran no ops FlopCounterMode knows)"}
     value = mfu_percent(count.flops, step_time_s, peak)

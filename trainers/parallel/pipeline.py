@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .models import loss_fn
+from ..models import loss_fn
 
 
 class StageModule(nn.Module):

@@ -2,7 +2,7 @@
 
 Every strategy trains the same model on the same global batch (``data.batch_size`` x workers);
 ``data_layout`` says which shard of the data each process reads so that the math stays the
-same. The pipeline strategy lives in trainers/pipeline.py (it needs its own training step).
+same. The pipeline strategy lives in trainers/parallel/pipeline.py (it needs its own training step).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .models import CNN, GPT, MLP
+from ..models import CNN, GPT, MLP
 from .pipeline import parallelize_pipeline, pipeline_layout
 
 

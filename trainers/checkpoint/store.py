@@ -12,9 +12,9 @@ whose files match its manifest and sets aside (``corrupt-step-N``) any newer one
 
 API (collective calls: every rank calls them at the same step):
   save(ckpt_dir, model, optimizer, position, keep)  -> the checkpoint directory
-  write(ckpt_dir, state, payload, position, keep)   the same from a copy (trainers.checkpoint_async)
+  write(ckpt_dir, state, payload, position, keep)   the same from a copy (trainers.checkpoint.background)
   load_latest(ckpt_dir, model, optimizer)          -> Resume (position, this rank's RNG) or None
-and, for the launcher (no process group, no torch): trainers.checkpoint_files.
+and, for the launcher (no process group, no torch): trainers.checkpoint.files.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 
 from launcher.runtime import safefs
-from .checkpoint_files import FORMAT, MANIFEST, TMP_PREFIX, file_sha256, latest_valid, list_checkpoints, step_dir
-from .diskspace import DiskFullError, disk_full, free_space, nearly_full
-from .faults import maybe_delay_save
+from ..faults.diskspace import DiskFullError, disk_full, free_space, nearly_full
+from ..faults.inject import maybe_delay_save
+from .files import FORMAT, MANIFEST, TMP_PREFIX, file_sha256, latest_valid, list_checkpoints, step_dir
 
 log = logging.getLogger("launcher.checkpoint")
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from launcher.runtime import safefs
 
-from .diskspace import disk_full, full_while_writing
+from ..faults.diskspace import disk_full, full_while_writing
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
 CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "recompute", "hang", "shutdown")

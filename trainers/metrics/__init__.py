@@ -1,0 +1,1 @@
+"""What the trainer measures and reports: step metrics, goodput, memory, MFU, stragglers, and the loggers."""

@@ -1,0 +1,1 @@
+"""Parallelism: the process-group bootstrap, the strategies that wrap a model, and pipeline parallelism."""
