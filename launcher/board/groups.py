@@ -38,7 +38,7 @@ def group_view(folder: Path, root: Path, row: Dict[str, Any]) -> Dict[str, Any]:
     charts = {"sweep": member_charts, "compare": compare_charts, "scale": scale_charts}[row["kind"]](folder, labels, summaries)
     table = {
         "columns": ["member", "status", "progress", "samples/s", "final loss", "restarts"],
-        "rows": [[label, m["status"], f"{m['step']}/{m['steps']}" if m.get("step") is not None else "",
+        "rows": [[label, m["status"], _progress(m),
                   s.get("samples_per_s") or m.get("throughput"), s.get("final_loss"), m.get("restarts")]
                  for label, m, s in zip(labels, members, summaries)],
         "links": [_rel(Path(m["path"]), root) if not m.get("pending") else None for m in members],
@@ -79,6 +79,12 @@ def scale_charts(folder: Path, labels: List[str], summaries: List[Dict[str, Any]
             chart("scaling efficiency", "line", workers,
                   {"measured": [100 * (s.get("scaling_efficiency") or 0) for s in sizes], "ideal": [100] * len(sizes)},
                   "workers", "%")]
+
+
+def _progress(member: Dict[str, Any]) -> str:
+    """step/steps, as the run list shows it: the step alone for a script (no target), nothing before the first."""
+    step, steps = member.get("step"), member.get("steps")
+    return "" if step is None else f"{step}/{steps}" if steps else str(step)
 
 
 def _summary(run_dir: Path) -> Dict[str, Any]:

@@ -167,6 +167,7 @@ def run_view(run_dir: Path) -> Dict[str, Any]:
     step = live_step(run_dir)  # rank 0's step now; the row's is the last logged one
     return {
         **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
+        "nodes": (summary or {}).get("nodes") or plan_nodes(run_dir),
         "view": "run", "step": step if step is not None else row.get("step"),
         "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
         "logged": logged_series(metrics),
@@ -177,6 +178,13 @@ def run_view(run_dir: Path) -> Dict[str, Any]:
         "failure": failure_view(run_dir, summary, row.get("status")),
         "read_at": time.time(),
     }
+
+
+def plan_nodes(run_dir: Path) -> Optional[int]:
+    """How many machines the newest launch planned (plan.json), for a run that has not ended."""
+    plan = read_json(run_dir / "plan.json")
+    nodes = plan.get("nodes") if isinstance(plan, dict) else None
+    return nodes if isinstance(nodes, int) else None
 
 
 def failure_view(run_dir: Path, summary: Optional[Dict[str, Any]], status: Any) -> Optional[Dict[str, Any]]:

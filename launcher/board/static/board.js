@@ -14,10 +14,19 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// A whole number prints whole (a count is never "0.000"); digits apply to fractions only.
 function fmt(value, digits) {
   if (value === null || value === undefined || value === "") return "";
   if (typeof value !== "number") return String(value);
-  return Number.isInteger(value) && digits === undefined ? String(value) : value.toFixed(digits ?? 3);
+  return Number.isInteger(value) ? String(value) : value.toFixed(digits ?? 3);
+}
+
+function known(value) {
+  return value !== null && value !== undefined && value !== "";
+}
+
+function anyKnown(values) {
+  return (values || []).some(v => Array.isArray(v) ? anyKnown(v) : known(v));
 }
 
 function age(seconds) {
@@ -99,86 +108,160 @@ async function drawRunList() {
 }
 
 // --- one run ------------------------------------------------------------------------------------------
-const LAYOUT = {margin: {l: 60, r: 20, t: 36, b: 44}, font: {size: 11}};
+// Plotly shows its mode bar (zoom, pan, download) on hover in the top MODEBAR_PX of a chart; the title sits
+// below that strip, so no title, however long on a narrow chart, is ever under the buttons. Every axis grows
+// its margin to fit its tick labels and title (automargin): a sweep's member names are long.
+const MODEBAR_PX = 30;
+const LAYOUT = {margin: {l: 56, r: 16, t: 60, b: 40}, font: {size: 11}};
 
-function plot(id, traces, title, xlabel, ylabel, extra) {
-  Plotly.react(id, traces, {...LAYOUT, title: {text: title}, xaxis: {title: {text: xlabel}},
-    yaxis: {title: {text: ylabel}}, ...(extra || {})}, {displaylogo: false, responsive: true});
+function axis(title, extra) {
+  return {title: {text: title}, automargin: true, ...(extra || {})};
+}
+
+// An axis of counts (steps, ranks, workers): whole-number ticks only, one per unit where plotly would halve them.
+function countAxis(title, values) {
+  const numbers = (values || []).filter(v => typeof v === "number");
+  const span = numbers.length ? Math.max(...numbers) - Math.min(...numbers) : 0;
+  return axis(title, {tickformat: "d", ...(span <= 8 ? {dtick: 1} : {})});
+}
+
+function plot(id, traces, title, xaxis, yaxis) {
+  Plotly.react(id, traces, {...LAYOUT, xaxis, yaxis,
+    title: {text: title, yref: "container", y: 1, yanchor: "top", pad: {t: MODEBAR_PX}}},
+    {displaylogo: false, responsive: true});
+}
+
+// The charts that have data, in their order ([id, draw(id)] each); a chart without any is removed, never drawn empty.
+function showCharts(container, charts) {
+  const wanted = new Set(charts.map(([id]) => id));
+  for (const div of [...container.children]) {
+    if (!wanted.has(div.id)) { Plotly.purge(div); div.remove(); }
+  }
+  charts.forEach(([id, draw], i) => {
+    const div = document.getElementById(id) || el("div", {id, class: "chart"});
+    if (container.children[i] !== div) container.insertBefore(div, container.children[i] || null);
+    draw(id);
+  });
+}
+
+// Rebuilt only when what it shows changed: a poll must not swap a link out from under a click.
+function replaceIfChanged(node, key, children) {
+  if (node.dataset.key === key) return;
+  node.dataset.key = key;
+  node.replaceChildren(...children);
+  node.hidden = children.length === 0;
+}
+
+function setFact(id, text) {
+  const node = document.getElementById(id);
+  node.textContent = text || "";
+  node.hidden = !text;  // a fact the run has not recorded is left out, not shown blank
 }
 
 function runSkeleton(view) {
   const path = params.get("path");
-  const main = document.getElementById("main");
-  main.replaceChildren(
+  document.getElementById("main").replaceChildren(
     el("h2", {id: "title"}, view.run_id),
-    el("div", {class: "facts"}, el("span", {id: "status"}), el("span", {id: "step"}), el("span", {id: "restarts"}),
-      el("span", {id: "figures"}), el("a", {id: "logs-link", href: `/logs?path=${encodeURIComponent(path)}`}, "logs by rank")),
+    el("section", {id: "failure", hidden: ""}),
+    el("div", {class: "facts"}, ...["status", "step", "restarts", "world-size", "figures"].map(id => el("span", {id})),
+      el("a", {id: "logs-link", href: `/logs?path=${encodeURIComponent(path)}`}, "logs by rank")),
     el("p", {class: "cmd", id: "command"}),
-    el("section", {id: "failure"}),
-    el("div", {class: "charts"}, ...["loss", "throughput", "heatmap", "memory"].map(id => el("div", {id, class: "chart"}))),
+    el("div", {class: "charts", id: "run-charts"}),
     el("div", {class: "charts", id: "logged-charts"}),
-    el("h3", {}, "restarts and hang verdicts, warnings"), el("ul", {id: "events"}));
+    el("section", {id: "events-section", hidden: ""}));
 }
 
 function drawRun(view) {
-  if (!document.getElementById("heatmap")) runSkeleton(view);
-  const status = document.getElementById("status");
-  status.textContent = `status: ${view.status}`;
-  status.className = `status-${view.status}`;
-  document.getElementById("step").textContent = `step ${progress(view) || "-"}`;
-  document.getElementById("restarts").textContent = `restarts: ${view.restarts}`;
-  const s = view.summary;
-  document.getElementById("figures").textContent = s ? `${fmt(s.samples_per_s, 0)} samples/s, final loss ${fmt(s.final_loss, 4)}` +
-    (s.goodput !== null && s.goodput !== undefined ? `, goodput ${Math.round(100 * s.goodput)}%` : "") + (s.error ? `; ${s.error}` : "") : "";
-  document.getElementById("command").textContent = view.command ? `next: ${view.command}` : "";
-  drawFailure(view.failure);
+  if (!document.getElementById("run-charts")) runSkeleton(view);
+  drawFailure(view);
+  setFact("status", `status: ${view.status}`);
+  document.getElementById("status").className = `status-${view.status}`;
+  setFact("step", known(view.step) ? `step ${progress(view)}` : "");
+  setFact("restarts", `restarts: ${fmt(view.restarts)}`);
+  const nodes = known(view.nodes) ? ` on ${fmt(view.nodes)} node${view.nodes === 1 ? "" : "s"}` : "";
+  setFact("world-size", known(view.world_size) ? `world size ${fmt(view.world_size)}${nodes}` : "");
+  const s = view.summary || {};
+  setFact("figures", [known(s.samples_per_s) && `${fmt(s.samples_per_s, 0)} samples/s`,
+    known(s.final_loss) && `final loss ${fmt(s.final_loss, 4)}`,
+    known(s.goodput) && `goodput ${Math.round(100 * s.goodput)}%`].filter(Boolean).join(", "));
+  setFact("command", view.command ? `next: ${view.command}` : "");
+  showCharts(document.getElementById("run-charts"), runCharts(view));
+  showCharts(document.getElementById("logged-charts"), loggedCharts(view.series.step, view.logged || {}));
+  const events = view.events.map(e => (e.at ? new Date(e.at * 1000).toLocaleTimeString() + " " : "") + e.text);
+  replaceIfChanged(document.getElementById("events-section"), JSON.stringify(events), events.length ? [
+    el("h3", {}, "restarts and hang verdicts, warnings"), el("ul", {id: "events"}, ...events.map(t => el("li", {}, t)))] : []);
+}
+
+function runCharts(view) {
   const x = view.series.step;
-  plot("loss", [{x, y: view.series.loss, mode: "lines+markers", name: "loss"}], "loss", "step", "loss");
   // a script whose DataLoader could not be read has steps/s only
-  const samples = view.series.samples_per_s.some(v => v !== null && v !== undefined);
+  const samples = anyKnown(view.series.samples_per_s);
   const rate = samples ? view.series.samples_per_s : view.series.steps_per_s;
   const unit = samples ? "samples/s" : "steps/s";
-  plot("throughput", [{x, y: rate, mode: "lines+markers", name: unit}], "throughput", "step", unit);
-  drawLogged(x, view.logged || {});
-  const st = view.step_times;
+  const st = view.step_times, mem = view.memory;
+  const charts = [];
+  if (anyKnown(view.series.loss)) charts.push(["loss", id => plot(id,
+    [{x, y: view.series.loss, mode: "lines+markers", name: "loss"}], "loss", countAxis("step", x), axis("loss"))]);
+  if (anyKnown(rate)) charts.push(["throughput", id => plot(id,
+    [{x, y: rate, mode: "lines+markers", name: unit}], "throughput", countAxis("step", x), axis(unit))]);
+  if (anyKnown(st.z)) charts.push(["heatmap", id => drawHeatmap(id, st)]);
+  if (anyKnown(mem.mb)) charts.push(["memory", id => plot(id, [{type: "bar", x: mem.mb.map((_, r) => r), y: mem.mb, name: "MB"}],
+    `memory per rank (${mem.kind})`, countAxis("rank", mem.mb.map((_, r) => r)), axis("MB"))]);
+  return charts;
+}
+
+function drawHeatmap(id, st) {
   const ms = st.z.map(r => r.map(v => v === null ? null : v * 1000));
   // colours saturate at twice the median cell: one slow start-up step must not wash out a straggler
   const cells = ms.flat().filter(v => v !== null).sort((a, b) => a - b);
   const zmax = cells.length ? 2 * cells[Math.floor(cells.length / 2)] : undefined;
-  plot("heatmap", [{type: "heatmap", x: st.steps, y: st.ranks, z: ms, zmin: 0, zmax,
-    colorscale: "YlOrRd", reversescale: true, colorbar: {title: {text: "ms"}}}], "step time per rank (ms): a straggler is a hot row",
-    "step", "rank", {yaxis: {title: {text: "rank"}, dtick: 1}});
-  const mem = view.memory;
-  plot("memory", [{type: "bar", x: mem.mb.map((_, r) => r), y: mem.mb, name: "MB"}],
-    `memory per rank (${mem.kind || "none recorded"})`, "rank", "MB", {xaxis: {title: {text: "rank"}, dtick: 1}});
-  const events = document.getElementById("events");
-  events.replaceChildren(...(view.events.length ? view.events.map(e =>
-    el("li", {}, (e.at ? new Date(e.at * 1000).toLocaleTimeString() + " " : "") + e.text)) : [el("li", {}, "none")]));
+  plot(id, [{type: "heatmap", x: st.steps, y: st.ranks, z: ms, zmin: 0, zmax, colorscale: "YlOrRd", reversescale: true,
+    colorbar: {title: {text: "ms"}}}], "step time per rank (ms): a straggler is a hot row",
+    countAxis("step", st.steps), countAxis("rank", st.ranks));
 }
 
 // A script's launcher.log() values, one chart each (every rank's line for per_rank values).
-function drawLogged(x, logged) {
-  const charts = document.getElementById("logged-charts");
-  Object.entries(logged).forEach(([key, values], i) => {
-    const id = `logged-${i}`;
-    if (!document.getElementById(id)) charts.append(el("div", {id, class: "chart logged"}));
-    const traces = Array.isArray(values[0]) || (values.length && values.every(Array.isArray))
+function loggedCharts(x, logged) {
+  return Object.entries(logged).filter(([, values]) => anyKnown(values)).map(([key, values], i) => [`logged-${i}`, id => {
+    const traces = values.length && values.every(Array.isArray)
       ? values.map((y, r) => ({x, y, mode: "lines+markers", name: `rank ${r}`}))
       : [{x, y: values, mode: "lines+markers", name: key}];
-    plot(id, traces, `${key} (launcher.log)`, "step", key);
-  });
+    plot(id, traces, `${key} (launcher.log)`, countAxis("step", x), axis(key));
+  }]);
 }
 
-// A failed run leads with the rank that failed first and its traceback, not rank 0's knock-on error.
-function drawFailure(failure) {
-  const section = document.getElementById("failure");
-  if (!failure) { section.replaceChildren(); return; }
-  const logs = `/logs?path=${encodeURIComponent(params.get("path"))}&rank=${failure.rank}`;
-  section.replaceChildren(
-    el("h3", {class: "error"}, `root cause: rank ${failure.rank} failed first`),
-    el("p", {id: "failure-error"}, failure.error || ""),
-    el("pre", {id: "failure-traceback"}, failure.traceback || "(no traceback recorded)"),
-    el("a", {href: logs}, `rank ${failure.rank}'s log`));
+// A failed run leads with its error: the rank that failed first (summary.json's root_cause) and its traceback,
+// not rank 0's knock-on error; a failure without a root cause (a hang verdict) with summary.json's error line.
+function drawFailure(view) {
+  const failure = view.failure;
+  const error = failure ? failure.error : view.error;
+  const parts = [];
+  if (failure) {
+    const logs = `/logs?path=${encodeURIComponent(params.get("path"))}&rank=${failure.rank}`;
+    parts.push(el("h3", {class: "error", id: "failure-head"}, `root cause: rank ${failure.rank} failed first`),
+      el("p", {id: "failure-error"}, error || ""),
+      el("pre", {id: "failure-traceback"}, failure.traceback || "(no traceback recorded)"),
+      el("a", {href: logs}, `rank ${failure.rank}'s log`));
+  } else if (known(error)) {
+    parts.push(el("h3", {class: "error", id: "failure-head"}, view.status), el("p", {id: "failure-error"}, error));
+  }
+  replaceIfChanged(document.getElementById("failure"), JSON.stringify([failure, error]), parts);
+}
+
+const COLUMN_DIGITS = {"samples/s": 0, "final loss": 4};
+
+// Bars run sideways: a member's name ("trainer.steps=20 optimizer.lr=0.001") reads whole on the left instead
+// of turned under a chart it would crowd out; the chart grows a row per member.
+function groupChart(id, chart) {
+  const names = chart.x.map(String);
+  if (chart.type !== "bar") {
+    plot(id, chart.series.map(s => ({x: names, y: s.y, name: s.name, mode: "lines+markers"})), chart.title,
+      axis(chart.xlabel, {type: "category"}), axis(chart.ylabel));
+    return;
+  }
+  document.getElementById(id).style.height = `${Math.max(320, 130 + 26 * names.length)}px`;
+  plot(id, chart.series.map(s => ({type: "bar", orientation: "h", y: names, x: s.y, name: s.name})), chart.title,
+    axis(chart.ylabel), axis(chart.xlabel, {type: "category", autorange: "reversed", ticksuffix: " "}));
 }
 
 function drawGroup(view) {
@@ -188,25 +271,20 @@ function drawGroup(view) {
       el("div", {class: "facts"}, el("span", {id: "status"}), el("span", {id: "step"}), el("span", {class: "cmd", id: "command"})),
       el("p", {id: "notice"}), el("div", {class: "charts", id: "group-charts"}), el("div", {id: "group-table"}));
   }
-  document.getElementById("notice").textContent = view.notice || "";
-  const status = document.getElementById("status");
-  status.textContent = `status: ${view.status}`;
-  status.className = `status-${view.status}`;
-  document.getElementById("step").textContent = `members done: ${progress(view)}`;
-  document.getElementById("command").textContent = view.command || "";
-  const charts = document.getElementById("group-charts");
-  view.charts.forEach((chart, i) => {
-    const id = `chart-${i}`;
-    if (!document.getElementById(id)) charts.append(el("div", {id, class: "chart"}));
-    const traces = chart.series.map(s => ({x: chart.x.map(String), y: s.y, name: s.name,
-      type: chart.type === "bar" ? "bar" : "scatter", mode: chart.type === "bar" ? undefined : "lines+markers"}));
-    plot(id, traces, chart.title, chart.xlabel, chart.ylabel);
-  });
+  setFact("notice", view.notice);
+  setFact("status", `status: ${view.status}`);
+  document.getElementById("status").className = `status-${view.status}`;
+  setFact("step", known(view.step) ? `members done: ${progress(view)}` : "");
+  setFact("command", view.command);
+  const charts = view.charts.map((chart, i) => [chart, `chart-${i}`]).filter(([chart]) => anyKnown(chart.series.map(s => s.y)));
+  showCharts(document.getElementById("group-charts"), charts.map(([chart, id]) => [id, () => groupChart(id, chart)]));
   const t = view.table;
-  const rows = t.rows.map((row, i) => el("tr", {}, ...row.map((cell, j) =>
-    el("td", {}, j === 0 && t.links[i] ? runLink({rel: t.links[i]}, fmt(cell, 3)) : fmt(cell, 3)))));
-  document.getElementById("group-table").replaceChildren(
-    el("table", {}, el("thead", {}, el("tr", {}, ...t.columns.map(c => el("th", {}, c)))), el("tbody", {}, ...rows)));
+  const cell = (value, j) => fmt(value, COLUMN_DIGITS[t.columns[j]]);
+  const rows = t.rows.map((row, i) => el("tr", {}, ...row.map((value, j) =>
+    el("td", {}, j === 0 && t.links[i] ? runLink({rel: t.links[i]}, cell(value, j)) : cell(value, j)))));
+  const table = document.getElementById("group-table");
+  replaceIfChanged(table, JSON.stringify(t), [
+    el("table", {}, el("thead", {}, el("tr", {}, ...t.columns.map(c => el("th", {}, c)))), el("tbody", {}, ...rows))]);
 }
 
 async function drawRunPage() {
