@@ -239,7 +239,7 @@ function drawFailure(view) {
   if (failure) {
     const logs = `/logs?path=${encodeURIComponent(params.get("path"))}&rank=${failure.rank}`;
     parts.push(el("h3", {class: "error", id: "failure-head"}, `root cause: rank ${failure.rank} failed first`),
-      el("p", {id: "failure-error"}, error || ""),
+      ...(known(error) ? [el("p", {id: "failure-error"}, error)] : []),
       el("pre", {id: "failure-traceback"}, failure.traceback || "(no traceback recorded)"),
       el("a", {href: logs}, `rank ${failure.rank}'s log`));
   } else if (known(error)) {
@@ -261,7 +261,7 @@ function groupChart(id, chart) {
   }
   document.getElementById(id).style.height = `${Math.max(320, 130 + 26 * names.length)}px`;
   plot(id, chart.series.map(s => ({type: "bar", orientation: "h", y: names, x: s.y, name: s.name})), chart.title,
-    axis(chart.ylabel), axis(chart.xlabel, {type: "category", autorange: "reversed", ticksuffix: " "}));
+    axis(chart.ylabel), axis(chart.xlabel, {type: "category", autorange: "reversed", ticklabelstandoff: 4}));
 }
 
 function drawGroup(view) {
