@@ -23,7 +23,7 @@ from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan, job_workers
 from launcher.provenance import capture
-from launcher.runtime import safefs
+from launcher.runtime import formatting, safefs
 from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
 from launcher.trainers.metrics.goodput import format_goodput, job_goodput
@@ -176,18 +176,21 @@ def job_figures(run_dir: Path, base: Dict[str, Any], started: float, ended: floa
 
 
 def one_line_summary(summary: Dict[str, Any], run_dir: Path) -> str:
-    parts = [f"{summary['status']} in {summary['wall_s']:.1f}s"]
+    """The launcher's last line. After a resume the time is this launch's and goodput covers every launch of the
+    run, so each figure says which it is (a 14s launch beside 22s lost to startup is no contradiction then)."""
+    launches = int(summary.get("goodput_launches") or 1)
+    parts = [f"{summary['status']} in {formatting.seconds(summary['wall_s'])}" + (" (this launch)" if launches > 1 else "")]
     if summary.get("steps"):
         figures = [f"{summary['steps']} steps"]
         if summary.get("final_loss") is not None:
-            figures.append(f"loss {summary['final_loss']:.4f}")
+            figures.append(f"loss {formatting.loss(summary['final_loss'])}")
         if summary.get("samples_per_s"):
-            figures.append(f"{summary['samples_per_s']:.0f} samples/s")
+            figures.append(f"{formatting.rate(summary['samples_per_s'])} samples/s")
         elif summary.get("steps_per_s"):
             figures.append(f"{summary['steps_per_s']:.1f} steps/s")
         parts.append(", ".join(figures))
     if summary.get("time_to_first_step_s"):
-        parts.append(f"first step after {summary['time_to_first_step_s']:.1f}s")
+        parts.append(f"first step after {formatting.seconds(summary['time_to_first_step_s'])}")
     if summary.get("goodput") is not None:
         parts.append(format_goodput(summary))
     return "; ".join(parts) + f"; run directory {run_dir}"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from launcher.runtime import safefs
+from launcher.runtime import formatting, safefs
 
 from ..faults.diskspace import disk_full, full_while_writing
 
@@ -256,9 +256,12 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: st
 
 
 def format_goodput(figures: Dict[str, Any]) -> str:
-    """'goodput 91% (lost: startup 4.1s, restart 2.0s)': the causes that cost anything, largest first."""
+    """'goodput 91% (lost: startup 4.1s, restart 2.0s)': the causes that cost anything, largest first. A resumed
+    run's figures span all its launches, which the line says ('goodput 60% of 35.7s over 2 launches (lost: ...)')."""
     if figures.get("goodput") is None:
         return ""
-    lost: List[str] = [f"{cause} {s:.1f}s" for cause, s in sorted(figures["badput_s"].items(), key=lambda kv: -kv[1])
-                       if s >= 0.05]
-    return f"goodput {figures['goodput']:.0%}" + (f" (lost: {', '.join(lost)})" if lost else "")
+    lost: List[str] = [f"{cause} {formatting.seconds(s)}"
+                       for cause, s in sorted(figures["badput_s"].items(), key=lambda kv: -kv[1]) if s >= 0.05]
+    launches = int(figures.get("goodput_launches") or 1)
+    span = f" of {formatting.seconds(figures.get('goodput_wall_s'))} over {launches} launches" if launches > 1 else ""
+    return f"goodput {formatting.share(figures['goodput'])}{span}" + (f" (lost: {', '.join(lost)})" if lost else "")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from launcher.rundir import read_json, write_json
+from launcher.runtime import formatting
 
 JOB_FILE = "job.json"
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "LOST")
@@ -60,7 +61,7 @@ def outcome_line(run_dir: Path, job: Dict[str, Any], state: str) -> str:
     elif job.get("error"):
         line += f": {job['error']}"
     elif state == "COMPLETED" and summary.get("status") == "completed":
-        trained = f"{summary['steps']} steps, final loss {summary.get('final_loss')}, " if summary.get("steps") else ""
+        trained = f"{summary['steps']} steps, final loss {formatting.loss(summary.get('final_loss'), '-')}, " if summary.get("steps") else ""
         line += f": {trained}world size {summary.get('world_size')}, restarts {summary.get('restarts')}"
     elif state == "LOST":
         line += f": its driver (pid {job.get('driver_pid')}) is gone; see {run_dir}/logs/ray-driver.log"

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple, Union
 
 from launcher.errors import ConfigError, LaunchError
 from launcher.rundir import read_json
+from launcher.runtime import formatting
 from launcher.usage import OneLineParser
 
 JOB_FILE = "job.json"
@@ -101,7 +102,7 @@ def outcome_line(run_dir: Path, job: Dict[str, Any], state: str) -> str:
         line += f": {summary['error']}"
     elif state == "COMPLETED" and summary.get("status") == "completed":
         line += (f": {summary.get('steps')} steps, world size {summary.get('world_size')}, "
-                 f"final loss {summary.get('final_loss')}, restarts {summary.get('restarts')}")
+                 f"final loss {formatting.loss(summary.get('final_loss'), '-')}, restarts {summary.get('restarts')}")
     elif state in FINAL_STATES and state != "COMPLETED":
         line += f": see `python -m launcher logs {run_dir}` and {run_dir}/slurm/"
     return line

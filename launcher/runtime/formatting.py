@@ -1,0 +1,42 @@
+"""How figures print, one rounding per kind of figure, so that the console line, `ls`, `sweep`, `status` and the
+trainers' step lines agree: loss to 4 decimals, throughput whole, seconds to 0.1 s, shares as whole percents.
+
+Here (in the worker-side package) because the trainers print the same figures as the launcher.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+# (unit, seconds) from the largest: an age prints in the largest unit it has one of
+AGE_UNITS = (("d", 86400), ("h", 3600), ("m", 60))
+
+
+def loss(value: Optional[float], missing: str = "") -> str:
+    """2.180667817592621 -> '2.1807'."""
+    return missing if value is None else f"{value:.4f}"
+
+
+def rate(value: Optional[float], missing: str = "") -> str:
+    """Samples (or tokens) per second: whole numbers; the decimals are noise between two runs."""
+    return missing if value is None else f"{value:.0f}"
+
+
+def seconds(value: Optional[float], missing: str = "") -> str:
+    """13.84 -> '13.8s'."""
+    return missing if value is None else f"{value:.1f}s"
+
+
+def share(value: Optional[float], missing: str = "") -> str:
+    """A fraction as a whole percent: 0.913 -> '91%'."""
+    return missing if value is None else f"{value:.0%}"
+
+
+def age(value_s: Optional[float]) -> str:
+    """How long ago, in its largest unit: 5400 -> '2h' (rounded), 42 -> '42s'."""
+    if value_s is None:
+        return ""
+    for unit, size in AGE_UNITS:
+        if value_s >= size:
+            return f"{value_s / size:.0f}{unit}"
+    return f"{value_s:.0f}s"
