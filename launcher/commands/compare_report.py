@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.commands import table
 from launcher.rundir import write_atomic
+from launcher.runtime import formatting
 
 MB = 1024 * 1024
 HEADER = ("strategy", "status", "processes", "samples/s", "step ms (median)", "final loss",
@@ -28,11 +29,11 @@ def table_rows(report: Dict[str, Any]) -> List[List[str]]:
         peak = row.get("peak_memory_bytes_per_rank")
         note = row.get("error") if row["status"] != "completed" else row.get("strategy_note")
         out.append([
-            row["strategy"], row["status"], _fmt(row.get("processes"), "{}"), _fmt(row.get("samples_per_s"), "{:.0f}"),
+            row["strategy"], row["status"], _fmt(row.get("processes"), "{}"), formatting.rate(row.get("samples_per_s"), "-"),
             _fmt(row.get("step_time_s_median") and row["step_time_s_median"] * 1000, "{:.1f}"),
-            _fmt(row.get("final_loss"), "{:.4f}"), _fmt(peak and max(peak) / MB, "{:.0f}"),
+            formatting.loss(row.get("final_loss"), "-"), _fmt(peak and max(peak) / MB, "{:.0f}"),
             " / ".join(f"{v:.3f}" for v in state) if state else "-",
-            _fmt(row.get("comm_share"), "{:.0%}") if row.get("comm_share") is not None else "n/m",
+            formatting.share(row.get("comm_share"), "n/m"),
             (note or "").replace("|", "/"),
         ])
     return out
@@ -54,8 +55,9 @@ def write_reports(report: Dict[str, Any], out_dir: Path) -> str:
     return text
 
 
-def print_table(text: str) -> None:
-    print(text, end="", file=sys.stdout, flush=True)
+def print_table(report: Dict[str, Any]) -> None:
+    """The same rows as compare.md, in the command line's one table style (launcher.commands.table)."""
+    table.print_table(HEADER, table_rows(report), right=HEADER[2:-1])
 
 
 def plot(report: Dict[str, Any], path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`python -m launcher ls [OUTPUT_DIR] [--status S] [--since 2h] [--json]`: every run, one line each.
+"""`python -m launcher ls [OUTPUT_DIR] [--status S] [--since 2h] [--json]`: every run, one line each: status, progress,
+throughput, goodput, restarts, age and the command to run next.
 
 The rows are launcher.runindex's; this module filters them and prints a table (or the rows as JSON).
 A sweep, comparison or scaling sweep prints as its own line with its runs indented under it.
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.errors import ConfigError
+from launcher.commands import table
 from launcher.runindex import STATUSES, list_runs
+from launcher.runtime import formatting
 from launcher.usage import OneLineParser, reader_went_away
 
 # sacct's final states for a job whose files say nothing (it never started its workers, or died with them)
@@ -25,6 +28,7 @@ SLURM_STATUS = {"COMPLETED": "completed", "CANCELLED": "interrupted", "FAILED": 
                 "RUNNING": "running"}
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 COLUMNS = ("run", "kind", "status", "step", "samples/s", "goodput", "restarts", "age", "command")
+NUMERIC = ("samples/s", "goodput")  # right-aligned, as numbers are; `restarts` stays left: tests read it by column
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,30 +123,28 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
     if not rows:
         print("no runs")
         return
-    lines = [list(COLUMNS)]
+    lines: List[List[str]] = []
+    under: Dict[int, List[str]] = {}
     for row in rows:
-        lines += [cells(row, row["run_id"]), *failure_line(row, "  ")]
+        lines.append(cells(row, row["run_id"]))
+        under[len(lines) - 1] = failure_line(row, "  ")
         for member in row.get("members") or []:
             varied = " ".join(f"{k}={v}" for k, v in (member.get("overrides") or {}).items())
-            lines += [cells(member, f"  {member['run_id']}" + (f" [{varied}]" if varied else "")), *failure_line(member, "    ")]
-    widths = [max(len(line[i]) for line in lines if len(line) == len(COLUMNS)) for i in range(len(COLUMNS) - 1)]
-    for line in lines:
-        if len(line) == 1:  # a failed run's error, under its row
-            print(line[0])
-            continue
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
+            lines.append(cells(member, f"  {member['run_id']}" + (f" [{varied}]" if varied else "")))
+            under[len(lines) - 1] = failure_line(member, "    ")
+    table.print_table(COLUMNS, lines, right=NUMERIC, under=under)
     counts: Dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     print(f"{len(rows)} run(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
 
-def failure_line(row: Dict[str, Any], indent: str) -> List[List[str]]:
+def failure_line(row: Dict[str, Any], indent: str) -> List[str]:
     """Under a failed run, what failed first (its summary's error: the root-cause rank, not rank 0's knock-on);
     under a damaged one, why its files could not be read."""
     if row["status"] == "damaged":
-        return [[f"{indent}{row['error']}"]]
-    return [[f"{indent}error: {row['error']}"]] if row["status"] == "failed" and row.get("error") else []
+        return [f"{indent}{row['error']}"]
+    return [f"{indent}error: {row['error']}"] if row["status"] == "failed" and row.get("error") else []
 
 
 def cells(row: Dict[str, Any], name: str) -> List[str]:
@@ -151,16 +153,7 @@ def cells(row: Dict[str, Any], name: str) -> List[str]:
         step = f"{step or 0}/{row['steps']}"
     return [
         name, row["kind"], row["status"], step,
-        "" if row["throughput"] is None else f"{row['throughput']:.0f}",
-        "" if row["goodput"] is None else f"{100 * row['goodput']:.0f}%",
-        str(row["restarts"] or 0), format_age(row["age_s"]), row["command"],
+        formatting.rate(row["throughput"]), formatting.share(row["goodput"]),
+        str(row["restarts"] or 0), formatting.age(row["age_s"]), row["command"],
     ]
 
-
-def format_age(age_s: Optional[float]) -> str:
-    if age_s is None:
-        return ""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if age_s >= size:
-            return f"{age_s / size:.0f}{unit}"
-    return f"{age_s:.0f}s"

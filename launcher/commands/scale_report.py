@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import statistics
 
+from launcher.commands import table
+
 COLUMNS = ("world_size", "nodes", "gpus_per_node", "batch_per_worker", "global_batch", "samples_per_s", "spread",
            "step_time_s_median", "speedup", "scaling_efficiency", "comm_share", "peak_memory_mb")
 SUPERLINEAR = 1.05  # an efficiency above this is no scaling a DDP job can have at the same per-worker work
@@ -147,15 +149,9 @@ def notes(result: Dict[str, Any]) -> List[str]:
 
 
 def print_table(result: Dict[str, Any], columns: Sequence[str] = COLUMNS) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"scaling ({title(result) if result.get('script') else result['mode']})")
-    for column in columns:
-        table.add_column(HEADERS[column], justify="right")
-    for row in result["sizes"]:
-        table.add_row(*(_fmt(row.get(c), c) for c in columns))
-    Console(width=160).print(table)
+    headers = [HEADERS[c] for c in columns]
+    table.print_table(headers, [[_fmt(row.get(c), c) for c in columns] for row in result["sizes"]], right=headers,
+                      title=f"scaling ({title(result) if result.get('script') else result['mode']})")
     for line in notes(result):
         print(f"scale: {line}", flush=True)
 

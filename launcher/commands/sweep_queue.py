@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, AbstractSet, Any, Dict, Iterator, List
 
+from launcher.commands import table
 from launcher.commands.children import last_line, launcher_command
 from launcher.commands.sweep_plan import member_argv, write_sweep
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
 from launcher.runlock import claim_folder, live_holders
+from launcher.runtime import formatting
 from launcher.usage import build_parser, split_argv
 
 STOP_WAIT_S = 60.0  # a launcher stops its workers within 15 s of Ctrl-C (checkpoint.grace_s <= 12)
@@ -148,7 +150,7 @@ def finish_member(sweep_dir: Path, item: Running, interrupted: bool = False) -> 
     detail = result_text(result) if member["status"] == "completed" else (
         result.get("error") or last_line(console_log(sweep_dir, member)) or f"exit code {code}")
     state = "interrupted" if interrupted and member["status"] == "pending" else member["status"]
-    print(f"sweep: {member['run_dir']} {state} in {took:.1f}s: {detail}", file=sys.stderr, flush=True)
+    print(f"sweep: {member['run_dir']} {state} in {formatting.seconds(took)}: {detail}", file=sys.stderr, flush=True)
 
 
 def stop_members(running: List[Running], signum: int) -> None:
@@ -174,22 +176,19 @@ def stop_members(running: List[Running], signum: int) -> None:
 def result_text(summary: Dict[str, Any]) -> str:
     parts = []
     if summary.get("final_loss") is not None:
-        parts.append(f"loss {summary['final_loss']:.4f}")
+        parts.append(f"loss {formatting.loss(summary['final_loss'])}")
     if summary.get("samples_per_s"):
-        parts.append(f"{summary['samples_per_s']:.0f} samples/s")
+        parts.append(f"{formatting.rate(summary['samples_per_s'])} samples/s")
     return ", ".join(parts) or "done"
 
 
 def print_table(sweep: Dict[str, Any], sweep_dir: Path) -> None:
     """One row per member: its swept values, status, final loss and throughput (from its summary.json)."""
     header = ["member", *sweep["keys"], "status", "final_loss", "samples/s"]
-    rows = [header]
+    rows = []
     for member in sweep["members"]:
         result = member_result(sweep_dir, member)
-        loss, speed = result.get("final_loss"), result.get("samples_per_s")
-        rows.append([f"m{member['index']:03d}", *(member["overrides"].get(k, "") for k in sweep["keys"]),
-                     member["status"], "" if loss is None else f"{loss:.4f}", "" if not speed else f"{speed:.0f}"])
-    widths = [max(len(str(row[c])) for row in rows) for c in range(len(header))]
-    for row in rows:
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
-    sys.stdout.flush()
+        rows.append([f"m{member['index']:03d}", *(str(member["overrides"].get(k, "")) for k in sweep["keys"]),
+                     member["status"], formatting.loss(result.get("final_loss")),
+                     formatting.rate(result.get("samples_per_s") or None)])
+    table.print_table(header, rows, right=("final_loss", "samples/s"))
