@@ -13,7 +13,7 @@ from pathlib import Path
 import time
 from typing import Any, Dict, List, Optional, Protocol
 
-from launcher.runtime import env, safefs
+from launcher.runtime import env, formatting, safefs
 from launcher.runtime.config import config_record
 from ..faults.diskspace import disk_full, full_while_writing
 from .progress import ProgressBar, eta_seconds, format_eta, use_bar
@@ -79,9 +79,9 @@ class ConsoleLogger:
         eta = eta_seconds(metrics["step"], self._total, self._started)
         straggler = metrics.get("straggler_rank")
         print(
-            f"step {metrics['step']}/{self._total} loss {metrics['loss']:.4f} "
-            f"{metrics['samples_per_s']:.0f} samples/s {metrics['step_time_s'] * 1000:.1f} ms/step"
-            + (f" comm {metrics['comm_share']:.0%}" if "comm_share" in metrics else "")
+            f"step {metrics['step']}/{self._total} loss {formatting.loss(metrics['loss'])} "
+            f"{formatting.rate(metrics['samples_per_s'])} samples/s {metrics['step_time_s'] * 1000:.1f} ms/step"
+            + (f" comm {formatting.share(metrics['comm_share'])}" if "comm_share" in metrics else "")
             + (f" straggler: rank {straggler} ({metrics['slowest_rank_lag']:.0%} slower)" if straggler is not None else "")
             + f" ETA {format_eta(eta)}",
             file=sys.stdout,

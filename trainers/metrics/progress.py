@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any, Dict, Optional
 
+from launcher.runtime import formatting
+
 
 def use_bar(style: str) -> bool:
     """metrics.progress: 'bar', 'lines', or 'auto' (a bar only when stdout is a terminal)."""
@@ -44,7 +46,7 @@ class ProgressBar:
         self._progress.start()
 
     def log(self, metrics: Dict[str, Any]) -> None:
-        stats = f"loss {metrics['loss']:.4f} {metrics['samples_per_s']:.0f} samples/s"
+        stats = f"loss {formatting.loss(metrics['loss'])} {formatting.rate(metrics['samples_per_s'])} samples/s"
         self._progress.update(self._task, completed=metrics["step"], stats=stats)
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
