@@ -8,6 +8,7 @@ import sys
 from typing import Dict, List, Optional
 
 from launcher import interrupts
+from launcher.commands import catalog
 from launcher.run import run
 from launcher.usage import config_overrides, parse_args, script_spec, with_error_contract
 
@@ -32,8 +33,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     interrupts.hold()  # (already, under python -m launcher) Ctrl-C, SIGTERM, SIGHUP: launcher.interrupts
     if argv and argv[0] in COMMANDS:
         return run_command(argv[0], argv[1:])
+    near = catalog.mistyped(argv[0], COMMANDS) if argv else None
+    if near:
+        print(f"error: no command or script '{argv[0]}': did you mean {near}? "
+              f"(`python -m launcher --help` lists the commands)", file=sys.stderr)
+        return 2
     try:
-        args, script = parse_args(argv)
+        args, script = parse_args(argv, lambda: catalog.command_list(COMMANDS))
     except SystemExit as e:  # argparse printed usage and one line already
         return int(e.code or 0)
 

@@ -44,6 +44,9 @@ Without CUDA, --gpus G runs G CPU workers with gloo.
 """
 
 
+DISTRIBUTION = "torch-launcher"  # the name this package installs under (setup.cfg), whose metadata holds its version
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors in one line with a pointer to --help, exit code 2."""
 
@@ -51,13 +54,54 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
+class RunParser(OneLineParser):
+    """The run command's parser. Its --help can list the subcommands too: launcher.cli owns that table and passes
+    a function that writes the list, called only when help is printed."""
+
+    command_list: Optional[Callable[[], str]] = None
+
+    def format_help(self) -> str:
+        if self.command_list is None:
+            return super().format_help()
+        own, self.description = self.description, f"{self.description}\n\n{self.command_list()}"
+        try:
+            return super().format_help()
+        finally:
+            self.description = own
+
+
+class VersionAction(argparse.Action):
+    """--version: this package's version and torch's, from the installed packages' metadata (no torch import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_text())
+        parser.exit(0)
+
+
+def version_text() -> str:
+    from importlib import metadata
+
+    try:
+        ours = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+        ours = "unknown (not installed: pip install -e .)"
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a torch built from source without metadata: ask the module itself
+        import torch
+
+        torch_version = torch.__version__
+    return f"{DISTRIBUTION} {ours} (torch {torch_version}, Python {sys.version.split()[0]})"
+
+
+def build_parser() -> RunParser:
+    p = RunParser(
         prog="python -m launcher",
         description="Launch a PyTorch distributed training job: built-in trainer or your own torchrun-style script.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action=VersionAction, nargs=0, help="print the launcher's and torch's versions and exit")
     p.add_argument("--nodes", type=int_flag("--nodes"), metavar="N", help="number of nodes (default 1); e.g. --nodes 2")
     p.add_argument("--gpus", type=int_flag("--gpus"), metavar="G",
                    help="workers per node: one per GPU, or G CPU workers with gloo when there is no CUDA; e.g. --gpus 4")
@@ -124,8 +168,10 @@ def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[s
     return argv, []
 
 
-def parse_args(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+def parse_args(argv: List[str], command_list: Optional[Callable[[], str]] = None) -> Tuple[argparse.Namespace, List[str]]:
+    """(the run's arguments, the script and its arguments); command_list: see RunParser."""
     parser = build_parser()
+    parser.command_list = command_list
     ours, script = split_argv(argv, parser)
     args = parser.parse_intermixed_args(ours)
     return args, script

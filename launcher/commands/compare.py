@@ -9,6 +9,7 @@ compare.png in the compare directory, and the table to the console.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from launcher.config.schema import STRATEGIES, load_config
 from launcher.errors import ConfigError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, read_json, write_json
-from launcher.usage import build_parser, config_overrides
+from launcher.usage import build_parser as run_parser, config_overrides
 from launcher.commands.children import last_line, launcher_command
 from launcher.commands.compare_report import print_table, write_reports
 
@@ -43,10 +44,22 @@ def split_strategies(argv: List[str]) -> Tuple[List[str], List[str]]:
     return chosen, rest
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = run_parser()  # a comparison takes a run's flags and key=value overrides, applied to every strategy
+    p.prog = "python -m launcher compare"
+    p.usage = "%(prog)s [--gpus G] [--nodes N] [--config FILE] [other run flags] [strategies=a,b,...] [KEY=VALUE ...]"
+    p.description = ("Run the built-in trainer once per parallelism strategy (strategies=" + ",".join(STRATEGIES)
+                     + " by default), each in its own launcher process, and show them side by side: throughput, "
+                       "step time, final loss, memory per rank.")
+    p.epilog = ("examples:\n  python -m launcher compare --gpus 4 strategies=ddp,fsdp\n"
+                "  python -m launcher compare --gpus 2 --config quick model.name=gpt trainer.steps=50\n"
+                "results: compare.json, compare.md and compare.png in the comparison's folder under output_dir")
+    return p
+
+
 def main(argv: List[str]) -> int:
     strategies, rest = split_strategies(argv)
     parser = build_parser()
-    parser.prog = "python -m launcher compare"
     try:
         args = parser.parse_intermixed_args(rest)
     except SystemExit as e:
@@ -65,8 +78,8 @@ def main(argv: List[str]) -> int:
     report = {"compare_id": compare_id, "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "model": cfg.model.name,
               "batch_size_per_worker": cfg.data.batch_size, "steps": cfg.trainer.steps, "rows": rows}
     write_json(compare_dir / "compare.json", report)
-    table = write_reports(report, compare_dir)
-    print_table(table)
+    write_reports(report, compare_dir)
+    print_table(report)
     print(f"compare: {sum(r['status'] == 'completed' for r in rows)}/{len(rows)} strategies completed; "
           f"results in {compare_dir}", file=sys.stderr)
     return 0

@@ -1,5 +1,5 @@
-"""`python -m launcher doctor`: check this machine for what a distributed job needs, with a verdict
-(ok / warn / FAIL) and a hint for each problem; `--comm` adds a real all-reduce bandwidth test.
+"""`python -m launcher doctor`: check this machine for what a distributed job needs (ok / warn / FAIL, a hint for each
+problem); `--comm` adds an all-reduce bandwidth test.
 
 Without --comm it starts no process group and no worker, so it answers in a few seconds.
 Exit code 1 when any check FAILs (or the bandwidth job fails), else 0.

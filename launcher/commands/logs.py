@@ -1,4 +1,5 @@
-"""`python -m launcher logs RUN [--rank K | --all] [-f] [--grep PATTERN]`: the workers' logs of any run.
+"""`python -m launcher logs RUN [--rank K | --all] [-f] [--grep PATTERN]`: print or follow the workers' logs of any run, one
+rank's or every rank's interleaved.
 
 A rank's log is logs/rank-<k>.log and, after restarts, logs/rank-<k>.attempt-<n>.log (printed in
 attempt order). Without --rank, a failed run's is the rank its agent found failed first (summary.json's

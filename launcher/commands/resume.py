@@ -1,5 +1,7 @@
-"""`python -m launcher resume RUN [KEY=VALUE...]`: continue a run from its newest good checkpoint
-(or, given a sweep folder, re-run the sweep's unfinished members: launcher.commands.sweep).
+"""`python -m launcher resume RUN [KEY=VALUE...]`: continue a run from its newest good checkpoint, or re-run a
+sweep folder's unfinished members.
+
+A sweep's side lives in launcher.commands.sweep.
 
 The run keeps its directory and its recorded config.yaml; overrides may change how long and how
 it runs (trainer.steps, checkpointing, restarts, W&B), never what the checkpoint holds.
