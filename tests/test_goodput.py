@@ -91,3 +91,7 @@ def test_resume_adds_the_earlier_launch(tmp_path):
     assert after["goodput_wall_s"] == pytest.approx(before["wall_s"] + after["wall_s"], abs=1e-3)
     assert after["goodput_s"] > before["goodput_s"] and after["badput_s"]["startup"] > before["badput_s"]["startup"]
     assert_adds_up(after, after["goodput_wall_s"])
+    # the last line says which figure is whose: this launch's time, every launch's goodput
+    last = second.stderr.strip().splitlines()[-1]
+    assert f"completed in {after['wall_s']:.1f}s (this launch)" in last, last
+    assert f"goodput {after['goodput']:.0%} of {after['goodput_wall_s']:.1f}s over 2 launches" in last, last
