@@ -2,6 +2,7 @@
 has its own --help, --version names the versions, and a mistyped subcommand gets "did you mean". All through
 `python -m launcher` for real; nothing here starts a run."""
 
+import json
 import re
 import sys
 import time
@@ -71,3 +72,16 @@ def test_words_far_from_any_subcommand_are_left_to_the_run_command(tmp_path):
     result = run_launcher(["train"], cwd=tmp_path, timeout=60)  # no such script: the run command's own message
     assert result.returncode == 2 and "did you mean" not in result.stderr
     assert "train does not exist" in result.stderr, result.stderr
+
+
+def test_slurm_and_ray_outcomes_print_the_final_loss_rounded_as_everywhere_else(tmp_path):
+    """status's line for a finished SLURM or Ray job, from the run's summary.json (no scheduler needed for that)."""
+    from launcher.backends.ray import records as ray_records
+    from launcher.backends.slurm import records as slurm_records
+
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"status": "completed", "steps": 50, "world_size": 4, "final_loss": 2.180667817592621, "restarts": 0}))
+    slurm = slurm_records.outcome_line(tmp_path, {"job_id": "12"}, "COMPLETED")
+    ray = ray_records.outcome_line(tmp_path, {"run_id": "r"}, "COMPLETED")
+    for line in (slurm, ray):
+        assert "final loss 2.1807," in line and "2.18066" not in line, line
