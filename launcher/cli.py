@@ -1,5 +1,5 @@
 """Command line -> subcommand or run, under one error contract. Thin on purpose: the run command
-is launcher.run, the others live in launcher.commands and launcher.backends.slurm."""
+is launcher.run, the others live in launcher.commands."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from launcher.usage import config_overrides, parse_args, script_spec, with_error
 # Each lives in its own module; keep this table sorted.
 COMMANDS: Dict[str, str] = {
     "board": "launcher.commands.board",
-    "cancel": "launcher.backends.slurm.cancel",
+    "cancel": "launcher.commands.cancel",
     "compare": "launcher.commands.compare",
     "doctor": "launcher.commands.doctor",
     "logs": "launcher.commands.logs",
     "ls": "launcher.commands.ls",
     "resume": "launcher.commands.resume",
     "scale": "launcher.commands.scale",
-    "status": "launcher.backends.slurm.status",
+    "status": "launcher.commands.status",
     "sweep": "launcher.commands.sweep",
 }
 

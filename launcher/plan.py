@@ -71,6 +71,7 @@ class LaunchPlan:
     mode: str = "single"  # single | simulated | static | c10d (launcher.config.rendezvous)
     node_rank: Optional[int] = None  # this node's rank where known before the rendezvous (static)
     rdzv_secret_file: Optional[str] = None  # where the node agent reads the job's secret (never the secret itself)
+    kind: str = ""  # the engine that launched it (launcher.backends.registry): ls, status and logs read it
     shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
 
     def to_dict(self) -> Dict[str, Any]:

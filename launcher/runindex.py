@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set, Union
 
+from launcher.backends.base import run_kind
 from launcher.runlock import live_holders
 
 STATUSES = ("running", "completed", "failed", "interrupted", "dead", "unknown", "damaged")
 # summary.json's own words -> the index's (a hang is a kind of failure; its error says which rank)
 SUMMARY_STATUS = {"completed": "completed", "failed": "failed", "hung": "failed", "interrupted": "interrupted"}
-KIND_BY_MODE = {"single": "local", "simulated": "simulated", "static": "multinode", "c10d": "multinode"}
 TAIL_BYTES = 8192
 RUN_FILES = frozenset(("plan.json", "config.yaml", "job.json"))  # any of them: a run directory
 # trainer.steps and script.path in a recorded config.yaml (launcher.config.schema.to_yaml): found, not parsed (fast)
@@ -85,7 +85,7 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
     last = last_metrics(os.path.join(here, "metrics.jsonl")) if "metrics.jsonl" in names else {}
     holders = live_holders(run_dir) if "locks" in names else []
     status = run_status(here, summary, plan, bool(holders))
-    kind = "slurm" if job else KIND_BY_MODE.get(str(plan.get("mode")), "local" if plan else "unknown")
+    kind, recorded = run_kind(job, plan)  # as the run recorded it when it was made (launcher.backends.base)
     finished = status != "running" and summary
     # when it was submitted (SLURM) or last launched (config.yaml is written again by a resume)
     started = (_mtime(os.path.join(here, "job.json")) or _mtime(os.path.join(here, "config.yaml"))
@@ -102,14 +102,16 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
         "restarts": int(summary.get("restarts") or 0) if finished else attempts_so_far(here),
         "started": started,
         "age_s": max(0.0, now - started) if started else None,
-        "command": next_command(here, status, kind, "checkpoints" in names, failed_rank(summary, status)),
+        "command": next_command(here, status, bool(job), "checkpoints" in names, failed_rank(summary, status)),
         "updated": _mtime(os.path.join(here, "metrics.jsonl")) or started,
         "world_size": summary.get("world_size") or plan.get("world_size"),
         "error": first_line(summary.get("error")) if status in ("failed", "interrupted") else None,
         "failed_rank": failed_rank(summary, status),
         "holders": [f"{h.host}:{h.pid}" for h in holders],
     }
-    if job:
+    if not recorded:  # a run from before kinds were recorded: its kind is inferred from its files
+        row["kind_guessed"] = True
+    if kind == "slurm":
         row["slurm_job_id"] = job.get("job_id")
     return row
 
@@ -195,12 +197,12 @@ def failed_rank(summary: Dict[str, Any], status: str) -> Optional[int]:
     return rank if isinstance(rank, int) else None
 
 
-def next_command(run_dir: str, status: str, kind: str, has_checkpoints: bool, failed: Optional[int] = None) -> str:
+def next_command(run_dir: str, status: str, submitted: bool, has_checkpoints: bool, failed: Optional[int] = None) -> str:
     """What to type next: follow a running job, resume a stopped one, read a finished one's logs (a failed
     one's from the rank that failed first)."""
     where = shlex.quote(run_dir)
-    if kind == "slurm" and status == "unknown":
-        return f"python -m launcher status {where}"  # queued, or lost: only the scheduler knows
+    if submitted and status == "unknown":
+        return f"python -m launcher status {where}"  # queued, or lost: only its scheduler knows
     if status == "running":
         return f"python -m launcher logs {where} -f"
     if status in ("failed", "interrupted", "dead") and has_checkpoints:

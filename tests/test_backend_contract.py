@@ -17,7 +17,10 @@ Backends (each a 2-worker job, WORLD_SIZE 2):
 
 Per backend, one successful run of tests/scripts/contract.py, one with a failing rank and one
 of the built-in trainer are shared by the tests (module-scoped fixtures); the Ctrl-C test starts
-its own job.
+its own job. The commands that read runs afterwards (ls, the board, status, logs) are held to the
+same contract over those jobs. That every registered backend implements the one Backend interface
+is a unit check beside this suite (tests/test_backend_registry.py); docs/backends.md says how to
+run this suite on a new backend.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Callable, Dict, List
 import psutil
 import pytest
 
+from tests.board_helpers import board, get_json
 from tests.helpers import (QUICK, REPO, descendants, finish_all, free_port, kill_group, read_summary, run_launcher,
                            start_launcher, wait_gone)
 from tests.test_slurm import slurm_env  # noqa: F401  (the SLURM dev cluster's fixture, reused)
@@ -62,6 +66,11 @@ class Backend:
     @property
     def world(self) -> int:
         return self.nodes * self.per_node
+
+    @property
+    def kind(self) -> str:
+        """The kind its runs record and `ls` shows: the launcher's name for the engine that ran them."""
+        return {"two-agents": "multinode"}.get(self.name, self.name)
 
     def flags(self) -> List[str]:
         return ["--gpus", "2"] if self.name == "local" else ["--nodes", "2", "--gpus", "1"]
@@ -269,6 +278,44 @@ def test_the_built_in_trainer_completes_and_reports_its_throughput(backend, trai
     assert (summary["world_size"], summary["nodes"]) == (backend.world, backend.nodes), summary
     assert summary["steps"] == TRAINER_STEPS, summary
     assert isinstance(summary["samples_per_s"], (int, float)) and summary["samples_per_s"] > 0, summary
+
+
+# ----------------------------------------------------------------------------- reading runs back
+
+def launcher_says(backend: Backend, args: List[str], cwd: Path) -> "subprocess.CompletedProcess[str]":
+    return run_launcher(args, cwd=cwd, timeout=60, env=backend.env)
+
+
+def test_ls_and_the_board_list_each_run_as_the_kind_that_ran_it(backend, script_job):
+    runs = script_job.run_dir.parent
+    listed = launcher_says(backend, ["ls", str(runs), "--json"], runs)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["run_id"]: row for row in json.loads(listed.stdout)}
+    row = rows[script_job.run_dir.name]
+    assert (row["kind"], row["status"], row.get("kind_guessed")) == (backend.kind, "completed", None), row
+    with board(runs) as b:  # the board's run list is the same rows
+        shown = {r["run_id"]: r for r in get_json(b.url("/api/runs"))["runs"]}
+    assert (shown[script_job.run_dir.name]["kind"], shown[script_job.run_dir.name]["status"]) == (backend.kind, "completed")
+
+
+@pytest.mark.parametrize("outcome", ["completed", "failed"])
+def test_status_says_how_the_run_ended_with_the_exit_code_wait_would_give(backend, request, outcome):
+    job = request.getfixturevalue("script_job" if outcome == "completed" else "failing_job")
+    said = launcher_says(backend, ["status", str(job.run_dir)], job.run_dir)
+    assert said.returncode == (0 if outcome == "completed" else 1), said.stdout + said.stderr
+    assert ("COMPLETED" if outcome == "completed" else "FAILED") in said.stdout, said.stdout
+    assert f"run directory {job.run_dir}" in said.stdout
+    if outcome == "failed":  # the root cause, as the summary names it
+        assert "rank 1 failed" in said.stdout, said.stdout
+
+
+def test_logs_prints_a_failed_runs_root_cause_rank_and_any_rank_asked_for(backend, failing_job):
+    run_dir = failing_job.run_dir
+    failed = launcher_says(backend, ["logs", str(run_dir)], run_dir)
+    assert failed.returncode == 0 and FAILURE in failed.stdout, failed.stdout[-2000:] + failed.stderr
+    assert "rank 1" in failed.stderr  # it says whose log it chose
+    rank0 = launcher_says(backend, ["logs", run_dir.name, "--output-dir", str(run_dir.parent), "--rank", "0"], run_dir)
+    assert rank0.returncode == 0 and "contract: hello from rank 0\n" in rank0.stdout, rank0.stdout[-2000:] + rank0.stderr
 
 
 # ----------------------------------------------------------------------------- Ctrl-C

@@ -132,7 +132,7 @@ def test_bad_slurm_values_are_one_line_errors(tmp_path):
     result = run_launcher(["--cluster", "slurm", "slurm.gpus=maybe", "--dry-run"], cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and "slurm.gpus" in result.stderr and "Traceback" not in result.stderr
     result = run_launcher(["status", "12345", "--output-dir", str(tmp_path)], cwd=REPO, timeout=60)
-    assert result.returncode == 2 and "no SLURM run '12345'" in result.stderr
+    assert result.returncode == 2 and "no run '12345'" in result.stderr
 
 
 def test_wait_without_slurm_is_refused(tmp_path):

@@ -6,7 +6,7 @@ attempt order). Without --rank, a failed run's is the rank its agent found faile
 root_cause), whose traceback is the cause; otherwise rank 0's. `--all` interleaves every rank's lines in
 the order they arrived, each with one `[rank<k>]: ` prefix, a print apart from a progress bar and a bar
 at its last state (launcher.agent.ranklog). `-f` follows until the run ends: its launcher's lock is
-released (launcher.runlock), or for a SLURM job, sacct says it ended.
+released, or for a SLURM or Ray job, its backend says it ended (launcher.backends.base.Backend.running).
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Pattern
 
 from launcher.agent.ranklog import RankLog, Timed, rank_lines
+from launcher.backends.base import RANK_LOG as ATTEMPT
+from launcher.backends.registry import backend_of_run
+from launcher.commands.runref import add_run_arguments, locate_run
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
-from launcher.runindex import is_run_dir, run_row
-from launcher.runlock import live_holders
+from launcher.runindex import run_row
 from launcher.usage import OneLineParser, reader_went_away
 
 POLL_S = 0.5
-ATTEMPT = re.compile(r"^rank-(\d+)(?:\.attempt-(\d+))?\.log$")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m launcher logs", description="Print (or follow) the workers' logs of a run: "
                       "one rank's, or every rank's interleaved in time order.")
-    p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
-    p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")
+    add_run_arguments(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default: a failed run's rank that failed first, else 0)")
     which.add_argument("--all", action="store_true", help="every rank's lines, interleaved in time order, rank-prefixed")
@@ -81,22 +81,6 @@ def show(lines: Iterable[Timed], pattern: Optional[Pattern[str]]) -> None:
     sys.stdout.flush()
 
 
-def locate_run(run: str, output_dir: str) -> Path:
-    """RUN is a run directory, a run id under output_dir, or a SLURM job id one of them recorded."""
-    for candidate in (Path(run), Path(output_dir) / run):
-        if candidate.is_dir() and is_run_dir(candidate):
-            return candidate.resolve()
-        if (candidate / "sweep.json").is_file() or (candidate / "runs").is_dir():
-            raise ConfigError(f"{candidate} holds several runs (a sweep, compare or scale): pass one of them; "
-                              f"`python -m launcher ls {candidate}` lists them")
-    if run.isdigit():
-        for job_file in sorted(Path(output_dir).glob("*/job.json")):
-            if str(read_json(job_file).get("job_id")) == run:
-                return job_file.parent.resolve()
-    raise ConfigError(f"no run '{run}': pass a run directory, a run id under {output_dir}/ or a SLURM job id "
-                      f"(`python -m launcher ls {output_dir}` lists them); --output-dir DIR if the runs are elsewhere")
-
-
 def world_size(run_dir: Path) -> int:
     """How many ranks the run has: its summary or plan, its SLURM record, else the logs there are."""
     for name in ("summary.json", "plan.json"):
@@ -122,13 +106,8 @@ def check_rank(run_dir: Path, rank: int) -> int:
 
 
 def rank_files(run_dir: Path, rank: int) -> List[Path]:
-    """rank-<k>.log, then its restarted attempts' logs in attempt order."""
-    found = []
-    for name in _log_names(run_dir):
-        match = ATTEMPT.match(name)
-        if match and int(match.group(1)) == rank:
-            found.append((int(match.group(2) or 0), run_dir / "logs" / name))
-    return [path for _, path in sorted(found)]
+    """rank-<k>.log, then its restarted attempts' logs in attempt order: where the run's backend keeps them."""
+    return backend_of_run(run_dir).log_files(run_dir, rank)
 
 
 def interleaved(run_dir: Path, ranks: List[int], as_console: bool, logs: Dict[Path, RankLog],
@@ -169,24 +148,15 @@ def _reader(logs: Dict[Path, RankLog], path: Path, rank: int, as_console: bool) 
 
 
 def still_running(run_dir: Path) -> bool:
-    """A launcher holds the run's lock; or it is a SLURM job that has not ended (queued, or between attempts)."""
-    if live_holders(run_dir):
-        return True
-    if not (run_dir / "job.json").is_file():
-        return False
-    from launcher.backends.slurm.records import FINAL_STATES, job_state  # only SLURM runs ask the scheduler
-
-    return job_state(str(read_json(run_dir / "job.json")["job_id"])) not in FINAL_STATES
+    """Whether the run's backend says it may still write logs (a launcher holds it; a SLURM or Ray job not ended)."""
+    return backend_of_run(run_dir).running(run_dir)
 
 
 def no_log_yet(run_dir: Path, rank: int) -> str:
     have = sorted(n for n in _log_names(run_dir) if ATTEMPT.match(n))
     if have:
         return f"no log for rank {rank} in {run_dir / 'logs'}: logs there: {', '.join(have)}"
-    if (run_dir / "job.json").is_file():
-        return (f"no log for rank {rank} in {run_dir / 'logs'}: the job has not started its workers yet "
-                f"(`python -m launcher status {run_dir}`); SLURM's own output is in {run_dir}/slurm/")
-    return f"no log for rank {rank} in {run_dir / 'logs'}: the run has not started its workers (see logs/launcher.log)"
+    return f"no log for rank {rank} in {run_dir / 'logs'}: {backend_of_run(run_dir).no_log_hint(run_dir)}"
 
 
 def _log_names(run_dir: Path) -> List[str]:

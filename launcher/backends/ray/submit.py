@@ -15,8 +15,9 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
+from launcher.backends.base import KIND_FIELD
 from launcher.backends.children import launcher_module_command
 from launcher.backends.ray import cluster
 from launcher.backends.ray.records import JOB_FILE, outcome_line, update_job
@@ -27,15 +28,20 @@ from launcher.rundir import create_run_dir, write_atomic, write_json
 from launcher.runlock import existing_run
 
 
-def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
-    """Place cfg on the Ray cluster at ray.address; print how to follow it; with wait, drive it to the end."""
+def prepare(cfg: Config) -> Tuple[str, Path]:
+    """cfg made ready to place (absolute paths, a run id): the cluster's address and the run directory."""
     cluster.import_ray()  # one line, before anything else, where Ray is not installed
     address = cluster.cluster_address(cfg)
     cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the nodes may start in other directories
     cfg.run_id = cfg.run_id or new_run_id()
     if cfg.script.path is not None and not cfg.script.module:
         cfg.script.path = str(Path(cfg.script.path).resolve())
-    run_dir = Path(cfg.output_dir) / cfg.run_id
+    return address, Path(cfg.output_dir) / cfg.run_id
+
+
+def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
+    """Place cfg on the Ray cluster at ray.address; print how to follow it; with wait, drive it to the end."""
+    address, run_dir = prepare(cfg)
     if dry_run:
         print(dry_run_text(cfg, address, run_dir), end="")
         return 0
@@ -45,7 +51,7 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
     create_run_dir(cfg.output_dir, cfg.run_id)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     write_json(run_dir / JOB_FILE, {
-        "cluster": "ray", "run_id": cfg.run_id, "address": address, "state": "PENDING", "run_dir": str(run_dir),
+        "cluster": "ray", KIND_FIELD: "ray", "run_id": cfg.run_id, "address": address, "state": "PENDING", "run_dir": str(run_dir),
         "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "submitted_at": datetime.datetime.now().astimezone().isoformat()})
     if wait:
         return drive_here(cfg, run_dir)

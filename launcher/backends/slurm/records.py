@@ -1,57 +1,25 @@
 """A submitted SLURM job seen from outside: its record (job.json), its state (sacct), its logs.
 
-Shared by `--wait` and the `status`, `logs` and `cancel` commands. The only places that run
+Shared by `--wait` and the SLURM backend (launcher.backends.slurm.backend: status, logs, cancel). The only places that run
 SLURM's client commands after submission.
 """
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple, Union
+from typing import Any, Dict, List, Optional, TextIO
 
-from launcher.errors import ConfigError, LaunchError
+from launcher.errors import LaunchError
 from launcher.rundir import read_json
 from launcher.runtime import formatting
-from launcher.usage import OneLineParser
 
 JOB_FILE = "job.json"
 # sacct states after which the job will not run again (REQUEUED and PREEMPTED may run again).
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 EXIT_CODES = {"COMPLETED": 0, "CANCELLED": 130}  # anything else final: 1
-
-
-def parse_run_args(command: str, description: str, argv: List[str],
-                   more: Optional[Callable[[argparse.ArgumentParser], None]] = None) -> Union[argparse.Namespace, int]:
-    """`python -m launcher COMMAND RUN [--output-dir DIR] ...`: the arguments, or argparse's exit code."""
-    p = OneLineParser(prog=f"python -m launcher {command}", description=description)
-    p.add_argument("run", metavar="RUN", help="run directory, run id under --output-dir, or SLURM job id")
-    p.add_argument("--output-dir", default="launcher_runs", metavar="DIR", help="where run ids and job ids are looked up (default launcher_runs)")
-    if more is not None:
-        more(p)
-    try:
-        return p.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
-def find_run(run: str, output_dir: str = "launcher_runs") -> Tuple[Path, Dict[str, Any]]:
-    """RUN is a run directory, a run id under output_dir, or a SLURM job id recorded in one's job.json."""
-    for candidate in (Path(run), Path(output_dir) / run):
-        if (candidate / JOB_FILE).is_file():
-            return candidate.resolve(), read_json(candidate / JOB_FILE)
-        if candidate.is_dir() and (candidate / "config.yaml").is_file():
-            raise ConfigError(f"{candidate} ran here, not on SLURM (no {JOB_FILE}): its logs are in {candidate}/logs")
-    if run.isdigit():
-        for job_file in sorted(Path(output_dir).glob(f"*/{JOB_FILE}")):
-            job = read_json(job_file)
-            if str(job.get("job_id")) == run:
-                return job_file.parent.resolve(), job
-    raise ConfigError(f"no SLURM run '{run}': pass a run directory, a run id under {output_dir}/ or a job id "
-                      f"(as printed at submission); --output-dir DIR if the runs are elsewhere")
 
 
 def _slurm(args: List[str], timeout: float = 30) -> str:

@@ -16,8 +16,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
+from launcher.backends.base import KIND_FIELD
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, to_dict, to_yaml
 from launcher.errors import ConfigError, LaunchError
@@ -45,7 +46,7 @@ def require_sbatch() -> None:
 
 def write_job_record(run_dir: Path, job_id: str, cfg: Config, folder: Path) -> Dict[str, Any]:
     """job.json: what `status`, `logs` and `cancel` (launcher.backends.slurm.records) find the job by."""
-    record = {"job_id": job_id, "cluster": "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
+    record = {"job_id": job_id, "cluster": "slurm", KIND_FIELD: "slurm", "submitted_at": datetime.datetime.now().astimezone().isoformat(),
               "run_dir": str(run_dir), "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "slurm_folder": str(folder)}
     write_json(run_dir / JOB_FILE, record)
     return record
@@ -98,21 +99,32 @@ def srun_line(text: str) -> str:
     return next((line for line in text.splitlines() if line.startswith("srun ")), "")
 
 
-def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
-    """Submit cfg as a SLURM job; print how to follow it; with wait, follow it to the end."""
+def prepare(cfg: Config) -> Tuple[Path, Any, int]:
+    """cfg made ready to submit (absolute output_dir, a run id): its run directory, executor and GPUs per node."""
     require_sbatch()  # also for --dry-run: its script could never be submitted from here
     cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the job may start in another directory
     cfg.run_id = cfg.run_id or new_run_id()
     run_dir = Path(cfg.output_dir) / cfg.run_id
     gpus = gpus_to_request(cfg)
-    executor = build_executor(cfg, run_dir / "slurm", gpus)
+    return run_dir, build_executor(cfg, run_dir / "slurm", gpus), gpus
+
+
+def dry_run_text(cfg: Config) -> str:
+    """The sbatch script and srun line submitit would submit, and the resolved config; nothing is submitted."""
+    run_dir, executor, gpus = prepare(cfg)
+    text = sbatch_text(executor)
+    return (f"# sbatch script ({cfg.nodes} node(s) x 1 task; each task runs the node agent with {cfg.gpus} "
+            f"worker(s){'' if gpus else ', no GPUs requested'})\n{text}\n# srun command\n{srun_line(text)}\n"
+            f"# each task calls launcher.backends.slurm.task.SlurmNodeAgent, pickled in {run_dir / 'slurm'}\n"
+            f"# resolved config\n{to_yaml(cfg)}")
+
+
+def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
+    """Submit cfg as a SLURM job; print how to follow it; with wait, follow it to the end."""
     if dry_run:
-        text = sbatch_text(executor)
-        print(f"# sbatch script ({cfg.nodes} node(s) x 1 task; each task runs the node agent with {cfg.gpus} "
-              f"worker(s){'' if gpus else ', no GPUs requested'})\n{text}\n# srun command\n{srun_line(text)}")
-        print(f"# each task calls launcher.backends.slurm.task.SlurmNodeAgent, pickled in {run_dir / 'slurm'}\n"
-              f"# resolved config\n{to_yaml(cfg)}", end="")
+        print(dry_run_text(cfg), end="")
         return 0
+    run_dir, executor, _ = prepare(cfg)
     if (run_dir / "config.yaml").is_file():  # a requeue reuses it; a new submission never does
         raise existing_run(run_dir, cfg.run_id)
     has_secret = read_rdzv_secret(cfg.rdzv.secret_file, os.environ) is not None  # an unreadable file: named now

@@ -1,0 +1,90 @@
+"""The one Backend interface (launcher.backends.base) and its registry: every registered engine implements every
+verb with the interface's signature, the registry loads no engine's heavy imports, a run's kind is read from
+its record (older runs: guessed, and marked so), and `status`/`cancel` work on a run on this machine too.
+
+The black-box contract every engine's runs meet is tests/test_backend_contract.py."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import registry
+from launcher.backends.base import Backend, run_kind
+from tests.helpers import REPO, kill_group, read_summary, run_launcher, start_launcher
+
+pytestmark = pytest.mark.timeout(180)
+VERBS = [name for name, member in inspect.getmembers(Backend, inspect.isfunction) if not name.startswith("_")]
+
+
+@pytest.mark.parametrize("kind", registry.names())
+def test_every_registered_backend_implements_every_verb_with_the_interfaces_signature(kind):
+    backend = registry.get(kind)
+    assert isinstance(backend, Backend) and backend.name == kind and backend.label, backend
+    assert not inspect.isabstract(type(backend)), f"{kind} leaves abstract: {type(backend).__abstractmethods__}"
+    assert {"takes", "dry_run", "launch", "describe", "cancel", "running", "log_files", "runs"} <= set(VERBS)
+    for verb in VERBS:
+        mine, theirs = inspect.signature(getattr(type(backend), verb)), inspect.signature(getattr(Backend, verb))
+        assert list(mine.parameters) == list(theirs.parameters), (kind, verb, mine, theirs)
+        assert mine.return_annotation == theirs.return_annotation, (kind, verb, mine, theirs)
+
+
+def test_the_registry_and_every_backend_load_no_torch_submitit_or_ray():
+    code = ("import sys; from launcher.backends import registry; [registry.get(k) for k in registry.names()]; "
+            "print(sorted(m for m in ('torch', 'submitit', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_runs_kind_is_its_record_and_an_older_runs_is_guessed_from_its_files():
+    assert run_kind({"kind": "ray", "cluster": "ray"}, {"kind": "multinode", "mode": "static"}) == ("ray", True)
+    assert run_kind({}, {"kind": "simulated", "mode": "simulated"}) == ("simulated", True)
+    assert run_kind({"cluster": "ray", "job_id": None}, {"mode": "static"}) == ("ray", False)  # before `kind`
+    assert run_kind({"job_id": "12"}, {}) == ("slurm", False)
+    assert run_kind({}, {"mode": "c10d"}) == ("multinode", False)
+    assert run_kind({}, {}) == ("unknown", False)
+
+
+def test_an_older_run_without_a_recorded_kind_is_listed_as_guessed(tmp_path):
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"mode": "simulated", "world_size": 2}))
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    done = run_launcher(["ls", str(tmp_path), "--json"], cwd=tmp_path, timeout=60)
+    row = json.loads(done.stdout)[0]
+    assert (row["kind"], row["kind_guessed"]) == ("simulated", True), row
+
+
+def test_status_and_cancel_work_on_a_run_on_this_machine(tmp_path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir()
+    proc = start_launcher(["--gpus", "1", f"output_dir={runs}", "run_id=held", str(REPO / "tests" / "scripts" / "contract.py"),
+                           "--out", str(out), "--block"], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "ready-0").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not come up"
+            time.sleep(0.2)
+        running = run_launcher(["status", "held", "--output-dir", str(runs)], cwd=tmp_path, timeout=60)
+        assert running.returncode == 0 and "local run held RUNNING" in running.stdout, running.stdout + running.stderr
+        cancel = run_launcher(["cancel", str(runs / "held")], cwd=tmp_path, timeout=90)
+        assert cancel.returncode == 0 and "cancelled local run held" in cancel.stdout, cancel.stdout + cancel.stderr
+        proc.wait(timeout=30)
+    finally:
+        kill_group(proc)
+    assert read_summary(runs / "held")["status"] == "interrupted"
+    ended = run_launcher(["status", str(runs / "held")], cwd=tmp_path, timeout=60)
+    assert ended.returncode == 130 and "INTERRUPTED" in ended.stdout, ended.stdout + ended.stderr
+    again = run_launcher(["cancel", str(runs / "held")], cwd=tmp_path, timeout=60)  # idempotent: nothing to stop
+    assert again.returncode == 0 and "already ended (INTERRUPTED)" in again.stdout, again.stdout
+
+
+def test_status_of_no_run_is_one_line_naming_what_to_pass(tmp_path):
+    done = run_launcher(["status", "nothing-here", "--output-dir", str(tmp_path)], cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "no run 'nothing-here'" in done.stderr and "Traceback" not in done.stderr
