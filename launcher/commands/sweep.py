@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from launcher.backends import registry
 from launcher.commands.sweep_plan import (SWEEP_FILE, expand, is_grid_item, member_argv, new_sweep, parse_grid,
                                           read_list, read_sweep, varied_keys, write_sweep)
 from launcher.commands.sweep_queue import archive_member, hold_sweep, member_result, run_members
@@ -27,6 +28,7 @@ from launcher.config.inputs import check_run_id
 from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.run import resolve_config
+from launcher.runindex import is_run_dir
 from launcher.usage import build_parser as run_parser, config_overrides, int_flag, parse_args, script_spec, split_argv
 
 OWN_FLAGS = ("--parallel", "--name", "--list")  # the sweep's; take a value
@@ -202,12 +204,8 @@ def resume_sweep(sweep_dir: Path, overrides: List[str], parallel: Optional[int],
 
 
 def unfinished(sweep: Dict[str, Any], sweep_dir: Path) -> List[int]:
-    """Members whose run did not complete; on SLURM, not those whose array task is still queued or running."""
-    queued: List[int] = []
-    if sweep["cluster"] == "slurm":
-        from launcher.backends.slurm.array import still_in_slurm
-
-        queued = [m["index"] for m in sweep["members"] if still_in_slurm(sweep_dir / m["run_dir"])]
+    """Members whose run did not complete; not those whose submitted job (a SLURM array task) may still run."""
+    queued = [m["index"] for m in sweep["members"] if still_submitted(sweep_dir / m["run_dir"])]
     todo = []
     for member in sweep["members"]:  # the member's own run directory is the truth; sweep.json is bookkeeping
         done = member_result(sweep_dir, member).get("status") == "completed"
@@ -215,3 +213,11 @@ def unfinished(sweep: Dict[str, Any], sweep_dir: Path) -> List[int]:
         if member["status"] == "pending":
             todo.append(member["index"])
     return todo
+
+
+def still_submitted(run_dir: Path) -> bool:
+    """A member's job that its backend (the run's recorded kind) may still run: queued, running or requeued."""
+    if not is_run_dir(run_dir):
+        return False
+    backend = registry.backend_of_run(run_dir)
+    return backend.submits and backend.running(run_dir)

@@ -13,13 +13,12 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
-from launcher.backends.slurm.records import FINAL_STATES, JOB_FILE, job_state
 from launcher.backends.slurm.submit import (build_executor, executor_parameters, gpus_to_request, job_secret,
                                             require_sbatch, sbatch_errors, write_job_record)
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, to_dict, to_yaml
 from launcher.errors import ConfigError
-from launcher.rundir import create_run_dir, read_json, write_atomic
+from launcher.rundir import create_run_dir, write_atomic
 
 
 def check_one_shape(cfgs: List[Config], gpus: int) -> Dict[str, Any]:
@@ -58,10 +57,3 @@ def submit_array(cfgs: List[Config], folder: Path, parallel: int, job_name: str)
     for cfg, job_id in zip(cfgs, ids):
         write_job_record(Path(cfg.output_dir) / str(cfg.run_id), job_id, cfg, folder)
     return ids
-
-
-def still_in_slurm(run_dir: Path) -> bool:
-    """Whether the run's SLURM job (or array task) may still run: queued, running or requeued."""
-    if not (run_dir / JOB_FILE).is_file():
-        return False
-    return job_state(str(read_json(run_dir / JOB_FILE)["job_id"])) not in FINAL_STATES
