@@ -82,6 +82,9 @@ def test_status_and_cancel_work_on_a_run_on_this_machine(tmp_path):
     assert ended.returncode == 130 and "INTERRUPTED" in ended.stdout, ended.stdout + ended.stderr
     again = run_launcher(["cancel", str(runs / "held")], cwd=tmp_path, timeout=60)  # idempotent: nothing to stop
     assert again.returncode == 0 and "already ended (INTERRUPTED)" in again.stdout, again.stdout
+    # listing: each backend recognises its own runs by their record
+    assert registry.get("local").runs(runs) == [(runs / "held").resolve()]
+    assert registry.get("slurm").runs(runs) == [] and registry.get("simulated").runs(runs) == []
 
 
 def test_status_of_no_run_is_one_line_naming_what_to_pass(tmp_path):
