@@ -147,7 +147,3 @@ def read_record(path: Path) -> Dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def unsupported(backend: Backend, verb: str, instead: Optional[str] = None) -> NotSupported:
-    return NotSupported(f"{verb} is not supported for a {backend.label}" + (f": {instead}" if instead else ""))
