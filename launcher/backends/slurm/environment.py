@@ -15,6 +15,7 @@ from typing import Dict, List, Mapping, Optional
 
 from launcher.config.schema import Config
 from launcher.errors import ConfigError, LaunchError
+from launcher.backends.slurm.submitit_private import expand_nodelist
 
 # Our name -> SLURM's variable (a data table, like submitit's SlurmJobEnvironment._env).
 ENV: Dict[str, str] = {
@@ -43,14 +44,11 @@ def parse_nodelist(text: str) -> List[str]:
 
     SLURM's hostlist forms (what `scontrol show hostnames` expands, zero padding kept, any number of
     bracket groups per name), through submitit's own expansion: the parser its SLURM tasks use for
-    the same variable, so one well-kept implementation serves both.
+    the same variable, so one well-kept implementation serves both (reached through submitit_private).
     """
-    # Imported here: submitit costs 0.4 s of start-up, and only a task inside a SLURM job parses a node list.
-    from submitit.slurm.slurm import SlurmParseException, _parse_node_list
-
     try:
-        return [host for host in _parse_node_list(text.strip()) if host]
-    except SlurmParseException as e:
+        return expand_nodelist(text.strip())
+    except ValueError as e:
         raise LaunchError(f"SLURM_JOB_NODELIST={text!r} is not a node list SLURM writes: "
                           "check the job's environment (`scontrol show hostnames $SLURM_JOB_NODELIST`)") from e
 

@@ -26,6 +26,7 @@ from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, write_atomic, write_json
 from launcher.runlock import existing_run
 from launcher.backends.slurm.records import JOB_FILE, wait_for_job
+from launcher.backends.slurm.submitit_private import sbatch_script
 from launcher.runtime import env
 
 def partition_has_gpus(partition: Optional[str]) -> bool:
@@ -90,11 +91,6 @@ def gpus_to_request(cfg: Config) -> int:
     return cfg.gpus
 
 
-def sbatch_text(executor: Any) -> str:
-    """The sbatch script submitit would submit (its own renderer, so --dry-run shows the real thing)."""
-    return str(executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run"))
-
-
 def srun_line(text: str) -> str:
     return next((line for line in text.splitlines() if line.startswith("srun ")), "")
 
@@ -112,7 +108,7 @@ def prepare(cfg: Config) -> Tuple[Path, Any, int]:
 def dry_run_text(cfg: Config) -> str:
     """The sbatch script and srun line submitit would submit, and the resolved config; nothing is submitted."""
     run_dir, executor, gpus = prepare(cfg)
-    text = sbatch_text(executor)
+    text = sbatch_script(executor)  # submitit's own renderer: --dry-run shows the real thing
     return (f"# sbatch script ({cfg.nodes} node(s) x 1 task; each task runs the node agent with {cfg.gpus} "
             f"worker(s){'' if gpus else ', no GPUs requested'})\n{text}\n# srun command\n{srun_line(text)}\n"
             f"# each task calls launcher.backends.slurm.task.SlurmNodeAgent, pickled in {run_dir / 'slurm'}\n"
