@@ -5,6 +5,17 @@ a daemon thread then writes it through trainers.checkpoint.store.write on a proc
 its collectives never interleave with the loop's. At most one write is in flight: the next save, and
 the end of training, wait for it. The manifest is published by that write, after every rank's files
 are on disk, so a kill mid-write leaves the previous checkpoint the newest valid one.
+
+Why not torch.distributed.checkpoint.async_save (torch 2.13): bench/async_checkpoint.py runs both on the same
+state (2 gloo ranks on CPU, DDP MLP + AdamW, both publishing through write()'s manifest steps) and
+bench/async_checkpoint.json (2026-11-25) has async_save blocking the loop x1.85 (10M parameters) and x1.59
+(50M) as long as this, its whole save x1.27 and x1.15, for x0.84-0.85 of the peak extra memory (it frees its
+copy after each write; stage() keeps one for the next save so it copies into memory already mapped).
+Every checkpoint of both loads bitwise-equal. async_save's own way to reuse its copy
+(cache_staged_state_dict) pins memory, which torch refuses without an accelerator. And it would not save
+code here: our publication (rank file, manifest last, keep-N) would run in a done callback, whose errors a
+Future drops, and clearing a stale .tmp-step would take a barrier on the loop's thread, since DCP's writer
+makes the folder on every rank. Revisit when async_save leaves "experimental" or those figures turn.
 """
 
 from __future__ import annotations
