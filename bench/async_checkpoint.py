@@ -4,7 +4,8 @@
 
 Each run is 2 fresh ranks (torch.multiprocessing, gloo, CPU, one intra-op thread each) training an MLP of
 SIZE million parameters under DDP with AdamW, then saving --saves checkpoints one way:
-  ours        trainers' Checkpointer(async_save=True): our stage() copy, our BackgroundWriter thread, write()
+  ours        trainers' Checkpointer(async_save=True): our stage() copy and BackgroundWriter thread
+              (trainers/checkpoint/background.py), then write()
   dcp         dcp.async_save(FileSystemWriter(sync_files=True)) on a gloo group of its own; when its future
               is done, the same publication steps write() takes (rank file, barrier, manifest with SHA-256
               last, one rename, keep-N): the invariants are ours whichever writer wins, so both pay for them
@@ -42,10 +43,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from launcher.trainers import checkpoint as store
-from launcher.trainers.checkpoint_async import writer_group
-from launcher.trainers.checkpoint_files import TMP_PREFIX, step_dir
-from launcher.trainers.checkpointing import Checkpointer
+from launcher.trainers.checkpoint import store
+from launcher.trainers.checkpoint.background import writer_group
+from launcher.trainers.checkpoint.checkpointer import Checkpointer
+from launcher.trainers.checkpoint.files import TMP_PREFIX, step_dir
 from launcher.trainers.models import MLP
 
 VARIANTS = ("ours", "dcp", "dcp-cached") if torch.accelerator.is_available() else ("ours", "dcp")
