@@ -12,8 +12,10 @@ import psutil
 import pytest
 
 PR_SET_CHILD_SUBREAPER = 36
-# Order of the layers: pure units, then real multi-process runs, then network namespaces, then SLURM.
-LAYERS = ("slow", "netns", "slurm", "ray")
+# Order of the layers: pure units first, then the shared clusters' groups (long, mostly waiting: under
+# pytest-xdist they start early, each on a worker of its own, beside the rest), then network namespaces,
+# then the other real multi-process runs.
+LAYERS = ("slurm", "ray", "netns", "slow")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,7 +42,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marks = {m.name for m in item.iter_markers()}
         if "slow" not in marks and starts_processes(item):
             marks.add("slow")
-        return max((i + 1 for i, name in enumerate(LAYERS) if name in marks), default=0)
+        return min((i + 1 for i, name in enumerate(LAYERS) if name in marks), default=0)  # its first layer
 
     items.sort(key=layer)  # stable: file order within a layer
     for item in items:

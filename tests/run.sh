@@ -32,4 +32,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 
-.venv/bin/python -m pytest "$@"
+# Four pytest-xdist workers on 2 cores: a third of the suite waits (on SLURM's queue, Ray, rendezvous
+# and exit timeouts, signals), and the shared clusters' groups run on a worker each (tests/conftest.py).
+# LAUNCHER_TEST_WORKERS=0 runs it in one process, in order.
+.venv/bin/python -m pytest -n "${LAUNCHER_TEST_WORKERS:-4}" --dist loadgroup "$@"

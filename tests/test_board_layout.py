@@ -22,7 +22,7 @@ from launcher.rundir import finish
 from tests.board_helpers import board, browser_page, needs_browser
 from tests.test_board import runs  # noqa: F401  (the real completed 2-rank run: a module fixture)
 
-pytestmark = [pytest.mark.timeout(300), needs_browser]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_browser]
 TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 9, in step\n'
              '    raise ValueError("boom")\nValueError: boom\n')
 SWEEP_KEYS = ["trainer.steps", "optimizer.learning_rate"]
