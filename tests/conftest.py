@@ -44,7 +44,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marks.add("slow")
         return min((i + 1 for i, name in enumerate(LAYERS) if name in marks), default=0)  # its first layer
 
-    items.sort(key=layer)  # stable: file order within a layer
+    # A layer's tests file by file, each file's in pytest's own order: a group of several files (a cluster's)
+    # then runs each file's module-scoped jobs once, not again after another file's test came between.
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (layer(item), str(item.path), position[id(item)]))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 

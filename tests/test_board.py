@@ -13,7 +13,7 @@ import pytest
 
 from launcher.board.views import heatmap, inside
 from tests.board_helpers import Board, board, browser_page, get, get_json, needs_browser
-from tests.helpers import QUICK, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
+from tests.helpers import QUIET, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = REPO / "tests" / "scripts"
@@ -24,7 +24,7 @@ def runs(tmp_path_factory) -> Path:
     """An output directory with one real completed 2-rank run (its processes all ended)."""
     out = tmp_path_factory.mktemp("board-runs")
     result = run_launcher(["--gpus", "2", f"output_dir={out}", "run_id=done", "trainer.steps=20", "trainer.log_every=5",
-                           *QUICK], cwd=out, timeout=240)
+                           *QUIET], cwd=out, timeout=240)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -158,7 +158,7 @@ def test_a_scripts_page_draws_its_launcher_log_series(script_runs):
 @pytest.mark.timeout(400)
 def test_restarts_and_hang_verdicts_show_in_the_run_view(tmp_path):
     """A rank that fails once (a restart, then completed) and a rank that hangs (the watchdog's verdict)."""
-    common = ["--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=30", "trainer.log_every=5", *QUICK]
+    common = ["--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=30", "trainer.log_every=5", *QUIET]
     done = run_launcher([*common, "run_id=restarted", "launcher.max_restarts=1"], cwd=tmp_path, timeout=240,
                         env={"LAUNCHER_INJECT_FAULT": "rank=1,step=5"})
     assert done.returncode == 0, done.stderr
@@ -207,7 +207,7 @@ def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
 @needs_browser
 def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
     job = start_launcher(["--gpus", "2", f"output_dir={runs}", "run_id=live", "trainer.steps=1000000",
-                          "trainer.log_every=10", *QUICK], cwd=tmp_path)
+                          "trainer.log_every=10", *QUIET], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
         while not (runs / "live" / "plan.json").is_file() and time.monotonic() < deadline and job.poll() is None:
@@ -242,7 +242,7 @@ def test_a_sweep_shows_its_members_and_a_failed_member_its_failure(tmp_path):
     for index, (steps, fault) in enumerate((("8", None), ("12", "rank=0,step=3"))):
         env = {"LAUNCHER_INJECT_FAULT": fault} if fault else None
         done = run_launcher(["--gpus", "1", f"output_dir={sweep}", f"run_id=m{index}", f"trainer.steps={steps}",
-                             "trainer.log_every=2", *QUICK], cwd=tmp_path, timeout=240, env=env)
+                             "trainer.log_every=2", *QUIET], cwd=tmp_path, timeout=240, env=env)
         assert done.returncode == (1 if fault else 0), done.stderr
         members.append({"index": index, "overrides": {"trainer.steps": steps}, "run_dir": f"m{index}",
                         "status": "failed" if fault else "completed"})

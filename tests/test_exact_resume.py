@@ -10,7 +10,7 @@ in tests/test_slurm.py.
 
 import pytest
 
-from tests.helpers import QUICK, only_run_dir, read_summary, run_launcher
+from tests.helpers import QUIET, only_run_dir, read_summary, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -18,7 +18,7 @@ STEPS = 40
 
 
 def job(world):
-    return ["--gpus", str(world), f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=8", *QUICK]
+    return ["--gpus", str(world), f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=8", *QUIET]
 
 
 @pytest.fixture(scope="module", params=[3, 4], ids=["3-ranks", "4-ranks"])

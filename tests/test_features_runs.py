@@ -11,8 +11,9 @@ from tests.helpers import REPO, launcher_env, only_run_dir, read_metrics, read_s
 pytestmark = pytest.mark.timeout(300)
 
 GPT = ["model.name=gpt", "model.hidden=64", "model.depth=2", "model.heads=4", "model.seq_len=32",
-       "data.dataset_size=1024", "trainer.lr=3e-3", "trainer.log_every=2", "trainer.steps=12"]
-MLP = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "trainer.steps=8"]
+       "data.dataset_size=1024", "trainer.lr=3e-3", "trainer.log_every=2", "trainer.steps=12",
+       "wandb.mode=disabled"]  # W&B is tests/test_metrics_runs.py's (tests/helpers.py QUIET)
+MLP = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "trainer.steps=8", "wandb.mode=disabled"]
 
 
 def train(tmp_path_factory, *overrides, gpus=2):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, wait_while_running, free_port, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
+from tests.helpers import QUIET, wait_while_running, free_port, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
 from launcher.commands.ls import filter_rows, parse_since
 from launcher.runindex import list_runs
 
@@ -93,7 +93,7 @@ def test_a_launcher_killed_with_sigkill_is_dead_not_running(tmp_path):
 def test_the_built_in_trainer_shows_progress_throughput_and_goodput(tmp_path):
     runs = tmp_path / "runs"
     done = run_launcher(["--gpus", "1", f"output_dir={runs}", "run_id=quick", "trainer.steps=10", "trainer.log_every=5",
-                         *QUICK], cwd=tmp_path, timeout=180)
+                         *QUIET], cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stderr
     row = ls_json(runs)["quick"]
     assert (row["status"], row["step"], row["steps"], row["kind"]) == ("completed", 10, 10, "local")
@@ -196,9 +196,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, words):
 def test_a_comparison_is_one_row_with_its_strategy_runs_and_simulated_nodes_are_their_kind(tmp_path):
     runs = tmp_path / "runs"
     compared = run_launcher(["compare", "--gpus", "1", "strategies=ddp,fsdp", f"output_dir={runs}", "run_id=cmp",
-                             "trainer.steps=5", *QUICK], cwd=tmp_path, timeout=300)
+                             "trainer.steps=5", *QUIET], cwd=tmp_path, timeout=300)
     assert compared.returncode == 0, compared.stderr
-    simulated = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={runs}", "run_id=sim", "trainer.steps=5", *QUICK],
+    simulated = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={runs}", "run_id=sim", "trainer.steps=5", *QUIET],
                              cwd=tmp_path, timeout=300)
     assert simulated.returncode == 0, simulated.stderr
     rows = ls_json(runs)

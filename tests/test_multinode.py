@@ -8,11 +8,11 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import (QUICK, command_line, descendants, finish_all, free_port, kill_group, only_run_dir,
+from tests.helpers import (QUIET, command_line, descendants, finish_all, free_port, kill_group, only_run_dir,
                            read_summary, start_launcher, wait_gone)
 
 pytestmark = pytest.mark.timeout(150)
-STEPS = ["trainer.steps=12", "trainer.log_every=4", *QUICK]
+STEPS = ["trainer.steps=12", "trainer.log_every=4", *QUIET]
 
 
 def assert_one_job(summary, world, node_ranks):
@@ -39,7 +39,7 @@ def test_simulated_two_nodes_on_one_box(tmp_path):
 
 def test_two_simulated_jobs_at_once_do_not_collide(tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
-    procs = [start_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={o}", "trainer.steps=4", *QUICK], tmp_path)
+    procs = [start_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={o}", "trainer.steps=4", *QUIET], tmp_path)
              for o in outs]
     logs = finish_all(procs, timeout=120)
     assert [p.returncode for p in procs] == [0, 0], logs
@@ -99,7 +99,7 @@ def kill_node_groups(nodes):
 
 def start_long_simulated_job(tmp_path):
     proc = start_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={tmp_path}", "trainer.steps=100000",
-                           "trainer.log_every=20", *QUICK], tmp_path)
+                           "trainer.log_every=20", *QUIET], tmp_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         runs = [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import QUICK, only_run_dir, read_metrics, read_summary, run_launcher
+from tests.helpers import QUIET, only_run_dir, read_metrics, read_summary, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -14,7 +14,7 @@ def test_ddp_job_trains_and_fills_the_run_directory(tmp_path, workers):
     steps = 40
     result = run_launcher(
         ["--gpus", str(workers), f"output_dir={tmp_path}", f"trainer.steps={steps}", "trainer.log_every=5",
-         "data.record_shards=true", "trainer.lr=3e-3", *QUICK],
+         "data.record_shards=true", "trainer.lr=3e-3", *QUIET],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -60,7 +60,7 @@ def test_same_seed_same_result_and_seed_matters(tmp_path):
     checksums = []
     for seed, sub in ((3, "a"), (3, "b"), (4, "c")):
         out = tmp_path / sub
-        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=10", f"seed={seed}", *QUICK], cwd=tmp_path)
+        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=10", f"seed={seed}", *QUIET], cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         checksums.append(read_summary(only_run_dir(out))["param_checksum"])
     assert checksums[0] == checksums[1]
