@@ -69,7 +69,7 @@ def test_the_run_page_leads_with_the_root_cause_before_its_charts(runs):
         assert page.inner_text("#failure-traceback").endswith("ValueError: boom on rank 1 at step 5")
         order = page.evaluate("[...document.querySelectorAll('#failure, .charts')].map(e => e.id || e.className)")
         # the failure first, then the charts (the metric charts and, where the run logged any, the launcher.log() ones)
-        assert order[0] == "failure" and "charts" in order[1:] and set(order[1:]) <= {"charts", "logged-charts"}, order
+        assert order[0] == "failure" and "run-charts" in order[1:] and set(order[1:]) <= {"run-charts", "logged-charts"}, order
         page.click("#failure a")
         page.wait_for_function("(document.querySelector('#log')?.textContent || '').includes('ValueError: boom')")
         assert page.errors == []
