@@ -175,6 +175,7 @@ def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState
             state.stop = run.checkpointer.after_step(state.step, state.epoch, batch_in_epoch,
                                                      lambda: _mean_across_ranks(state.loss, env.world_size),
                                                      last=state.step == cfg.trainer.steps)
+            run.meter.set_aside()
             if state.step == cfg.trainer.steps or state.stop:
                 break
         state.epoch, state.skip, state.rng = state.epoch + 1, 0, None
