@@ -37,7 +37,7 @@ CASES = (
     ("gpt_large_bf16_actckpt", GPT_LARGE, 16, ["trainer.precision=bf16", "trainer.activation_checkpointing=true"], 0),
     ("cnn_default_bf16", ["model.name=cnn"], 256, ["trainer.precision=bf16"], 20),
 )
-KEEP = ("samples_per_s", "tokens_per_s", "step_time_s_median", "mfu_percent", "mfu_note", "precision", "final_loss",
+KEEP = ("samples_per_s", "tokens_per_s", "step_time_s_median", "mfu_percent", "mfu_note", "flops_per_step", "precision", "final_loss",
         "cuda_peak_allocated_bytes_per_rank", "cuda_reserved_bytes_per_rank", "peak_memory_bytes_per_rank",
         "time_to_first_step_s", "compile_time_s", "wall_s", "comm_share")
 
@@ -48,7 +48,7 @@ def run(out: Path, model: List[str], batch: int, steps: int, extra: List[str], c
         env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = [sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={out}", "wandb.mode=disabled",
            f"trainer.steps={steps}", f"trainer.log_every={max(1, steps // 4)}", f"data.batch_size={batch}",
-           f"data.dataset_size={max(8192, batch * 64)}", "checkpoint.every_seconds=0", *model, *extra]
+           f"data.dataset_size={max(8192, batch * 64)}", "checkpoint.every_seconds=0", "checkpoint.every_steps=0", *model, *extra]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300], "rc": done.returncode}

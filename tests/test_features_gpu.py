@@ -54,3 +54,17 @@ def test_cuda_out_of_memory_names_the_rank_the_memory_and_the_fix(tmp_path):
     line = result.stderr.strip().splitlines()[-1]  # the last line: nothing (e.g. a resource-tracker warning) after it
     assert "rank 0" in line and "ran out of CUDA memory" in line
     assert "GiB allocated" in line and "data.batch_size" in line and "trainer.strategy=fsdp" in line
+
+
+def test_async_checkpoints_of_cuda_state_resume_a_killed_rank_to_the_uninterrupted_weights(tmp_path):
+    """The background writer stages CUDA tensors to host memory; a restart from it ends where a run never stopped does."""
+    job = [*QUICK, "trainer.steps=20", "checkpoint.every_steps=5", "checkpoint.async_save=true", "wandb.mode=disabled"]
+    (tmp_path / "reference").mkdir()
+    reference, out = train(tmp_path / "reference", *job)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    result = run_launcher(["--gpus", "1", f"output_dir={tmp_path / 'restarted'}", "--max-restarts", "1", *job],
+                          cwd=tmp_path, timeout=240, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=13"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary, uninterrupted = read_summary(only_run_dir(tmp_path / "restarted")), read_summary(only_run_dir(out))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (5, 10) and summary["checkpoint_async"] is True
+    assert summary["param_checksum"] == uninterrupted["param_checksum"]  # (10's write may still be in flight at 13)
