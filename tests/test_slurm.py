@@ -193,11 +193,13 @@ def test_cancel_stops_a_running_job(runs, slurm_env):
     assert status.returncode == 130 and "CANCELLED" in status.stdout
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     """time_min=2 with the warning 100 s before the end: USR2 20-50 s into the job (SLURM checks
     limits about every 30 s), before 6000 steps (48 s or more) can finish. Once it has requeued,
-    the test lifts the limit, so the rest runs to the end instead of being warned again."""
+    the test lifts the limit, so the rest runs to the end instead of being warned again. The warning's
+    clock starts when the job runs: under the suite's load the job once waited for nodes long enough
+    that a wait counted from the submission ran out before the warning was due."""
     steps = ["trainer.steps=6000"]
     result = run_launcher(["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "--output-dir", str(runs),
                            "slurm.time_min=2", "slurm.signal_delay_s=100", "slurm.max_requeues=8"] + TRAIN + steps,
@@ -205,7 +207,14 @@ def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
-    wait_for(lambda: restarts(job_id) >= 1, 150, "the time limit's warning to requeue the job")
+    wait_for(lambda: job_state(job_id) not in ("PENDING", "UNKNOWN"), 180, "the job to start")
+
+    def requeued() -> bool:
+        state = job_state(job_id)
+        assert state not in ("COMPLETED", "FAILED", "TIMEOUT"), f"the job ended {state} without a requeue"
+        return restarts(job_id) >= 1
+
+    wait_for(requeued, 150, "the time limit's warning to requeue the job")
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=30)
     wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, "the job to finish")
     summary = read_summary(run_dir)
