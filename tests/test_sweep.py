@@ -178,7 +178,12 @@ def test_ctrl_c_stops_the_running_members_cleanly_and_resume_continues_them_from
             assert proc.poll() is None and time.monotonic() < deadline, "the first two members did not start training"
             time.sleep(0.5)
         members = descendants(proc.pid)
-        assert len([p for p in members if p.ppid() == proc.pid]) == 2  # two member launchers, the third waits
+        launchers = [p for p in members if p.ppid() == proc.pid]
+        assert len(launchers) == 2  # two member launchers, the third waits
+        # each on its own share of the cores, its workers too: N members x all cores of threads once spun 65x slower
+        cores = [set(p.cpu_affinity()) for p in launchers]
+        assert not cores[0] & cores[1] and cores[0] | cores[1] == set(os.sched_getaffinity(0)), cores
+        assert all(set(p.cpu_affinity()) <= cores[0] | cores[1] for p in members)
         (row,) = ls_rows(out, tmp_path)  # live: the sweep's runner holds it, two members run
         assert row["kind"] == "sweep" and row["status"] == "running"
         assert [m["status"] for m in row["members"]][:2] == ["running", "running"]
@@ -208,6 +213,14 @@ def test_ctrl_c_stops_the_running_members_cleanly_and_resume_continues_them_from
         assert summary["steps"] == 1000 and 10 <= summary["resumed_from_step"] < 1000, summary
     assert read_summary(sweep_dir / "m002-seed=3").get("resumed_from_step") in (None, 0)
     assert not (sweep_dir / "previous").exists()  # nothing had to start afresh
+
+
+def test_members_at_once_get_slices_of_the_cores_as_even_as_they_go():
+    from launcher.commands.sweep_cores import core_slices
+
+    assert core_slices([0, 1], 2) == [[0], [1]]
+    assert core_slices(list(range(8)), 3) == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    assert core_slices([0, 1], 3) == [[0], [1], [0]]  # more members than cores: they share, round-robin
 
 
 # ---- SLURM: one job array -----------------------------------------------------------------------

@@ -15,10 +15,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, AbstractSet, Any, Dict, Iterator, List
+from typing import IO, AbstractSet, Any, Dict, Iterator, List, Optional
 
 from launcher.commands import table
 from launcher.commands.children import last_line, launcher_command
+from launcher.commands.sweep_cores import CoreSlots
 from launcher.commands.sweep_plan import member_argv, write_sweep
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
@@ -76,6 +77,7 @@ class Running:
     proc: subprocess.Popen
     log: IO[str]
     started: float
+    slot: Optional[int] = None  # its slice of the cores (launcher.commands.sweep_cores)
 
 
 def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], parallel: int,
@@ -86,16 +88,18 @@ def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], paralle
     split = split_argv(sweep["base_args"], build_parser())
     queue = [sweep["members"][i] for i in todo]
     running: List[Running] = []
+    slots = CoreSlots(min(parallel, len(queue)))
     try:
         while queue or running:
             while queue and len(running) < parallel:
                 member = queue.pop(0)
                 args = (["resume", str(sweep_dir / member["run_dir"])] if member["index"] in continuing
                         else member_argv(split, member, sweep_dir))
-                running.append(start_member(sweep_dir, member, args))
+                running.append(start_member(sweep_dir, member, args, slots))
                 write_sweep(sweep_dir, sweep)
             for item in [r for r in running if r.proc.poll() is not None]:
                 running.remove(item)
+                slots.give_back(item.slot)
                 finish_member(sweep_dir, item)
                 write_sweep(sweep_dir, sweep)
             time.sleep(0.2)
@@ -121,21 +125,23 @@ def report(sweep: Dict[str, Any], sweep_dir: Path) -> int:
     return 1 if failed else 0
 
 
-def start_member(sweep_dir: Path, member: Dict[str, Any], args: List[str]) -> Running:
+def start_member(sweep_dir: Path, member: Dict[str, Any], args: List[str], slots: CoreSlots) -> Running:
     """The member's own launcher, in its own session: only the sweep signals it (once), not the terminal too."""
     path = console_log(sweep_dir, member)
     path.parent.mkdir(exist_ok=True)
     log = open(path, "a", encoding="utf-8")  # a continued member's log goes on after its first attempt's
+    slot = slots.take()
     try:
         proc = subprocess.Popen(launcher_command(args), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=slots.pin(slot))
     except BaseException:
+        slots.give_back(slot)
         log.close()
         raise
     member["status"] = "running"
     print(f"sweep: {member['run_dir']} started (pid {proc.pid})", file=sys.stderr, flush=True)
-    return Running(member, proc, log, time.time())
+    return Running(member, proc, log, time.time(), slot)
 
 
 def finish_member(sweep_dir: Path, item: Running, interrupted: bool = False) -> None:
