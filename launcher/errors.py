@@ -55,3 +55,22 @@ class HangError(LauncherError):
 class RunDirLostError(LauncherError):
     """The run directory was deleted, moved or made read-only while the job ran: the job was stopped and
     nothing more is written there; the message says what was kept and where."""
+
+
+class SettingError(ConfigError, ValueError):
+    """A launch()/submit() setting the config does not have, or a value it refuses (launcher.api.settings): a
+    ValueError to Python code, a config error (exit 2) to the launcher's error contract."""
+
+
+class LaunchFailed(LauncherError):
+    """A launch()/submit() job did not return its ranks' values (launcher.api.job): the rank that failed first
+    (None where no rank failed: the job was cancelled, or never started), its traceback text, the job's state
+    and its run directory."""
+
+    def __init__(self, message: str, rank: "int | None" = None, traceback: str = "", state: str = "FAILED",
+                 run_dir: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.traceback = traceback
+        self.state = state
+        self.run_dir = run_dir

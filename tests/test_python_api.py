@@ -1,0 +1,207 @@
+"""launcher.launch / launcher.submit (docs/python-api.md): a Python function run on every rank by the launcher's own
+command, real processes, 2 CPU workers with gloo.
+
+A function from a script's __main__, from an imported module and from a Jupyter cell returns each rank's value in
+rank order; a rank that raises is one LaunchFailed naming it with its traceback; a wrong setting is a ValueError
+before anything starts; submit returns a Job (status, wait, result, logs, cancel) locally, on SLURM and on Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import launcher
+from launcher.api import payload
+from tests import api_functions
+from tests.helpers import REPO, run_bounded, slurm_unavailable
+
+QUIET = {"wandb_mode": "disabled"}  # tests/helpers.QUIET's W&B switch, as a setting
+DONE = ("COMPLETED",)
+
+
+def test_an_unknown_setting_is_one_value_error_naming_the_key_and_the_fix(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown setting 'trainer_step': did you mean trainer_steps\?.*--show-config"):
+        launcher.launch(api_functions.environment, "x", gpus=2, trainer_step=3, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="the function you pass is the job's script"):
+        launcher.submit(api_functions.environment, "x", script_path="train.py", output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="trainer.steps"):  # a known key with a value the config refuses
+        launcher.submit(api_functions.environment, "x", trainer_steps="many", output_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []  # refused before anything was made
+
+
+def test_a_result_file_not_signed_by_the_job_is_refused(tmp_path):
+    call = {"key": b"k" * 32, "run_id": "r", "run_dir": str(tmp_path)}
+    payload.write_outcome(call, 0, "result", b"data")
+    assert payload.read_outcome(b"k" * 32, "r", str(tmp_path), 0, "result") == b"data"
+    for key, run_id, rank in ((b"x" * 32, "r", 0), (b"k" * 32, "other-run", 0)):
+        with pytest.raises(launcher.LaunchFailed, match="not signed by this job"):
+            payload.read_outcome(key, run_id, str(tmp_path), rank, "result")
+    os.rename(payload.outcome_path(str(tmp_path), 0, "result"), payload.outcome_path(str(tmp_path), 1, "result"))
+    with pytest.raises(launcher.LaunchFailed, match="not signed by this job"):  # rank 0's file passed off as rank 1's
+        payload.read_outcome(b"k" * 32, "r", str(tmp_path), 1, "result")
+    os.symlink("/etc/passwd", payload.outcome_path(str(tmp_path), 2, "result"))
+    with pytest.raises(launcher.LaunchFailed, match="cannot be read"):
+        payload.read_outcome(b"k" * 32, "r", str(tmp_path), 2, "result")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_environment(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "import launcher\n\n"
+        "def reduce(scale):\n"
+        "    import torch, torch.distributed as dist\n"
+        "    dist.init_process_group('gloo')\n"
+        "    total = torch.tensor([float(dist.get_rank() + 1) * scale])\n"
+        "    dist.all_reduce(total)\n"
+        "    dist.destroy_process_group()\n"
+        "    return {'sum': total.item(), **{k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR')}}\n\n"
+        "if __name__ == '__main__':\n"
+        f"    values = launcher.launch(reduce, 10.0, gpus=2, output_dir=sys.argv[1], wandb_mode='disabled')\n"
+        "    print('RESULT ' + json.dumps(values))\n")
+    done = run_bounded([sys.executable, str(script), str(tmp_path / "runs")], tmp_path, 200)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    values = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert [v["RANK"] for v in values] == ["0", "1"] and [v["LOCAL_RANK"] for v in values] == ["0", "1"]
+    assert {v["WORLD_SIZE"] for v in values} == {"2"} and {v["MASTER_ADDR"] for v in values} == {"127.0.0.1"}
+    assert [v["sum"] for v in values] == [30.0, 30.0]  # (1 + 2) x 10 over gloo
+    run_dir = next(p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # a launcher run like any
+    assert [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".")] == []  # the call file is gone
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_launch_of_an_imported_modules_function_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # tests.api_functions is found through the caller's sys.path, not the folder
+    values = launcher.launch(api_functions.environment, "hello", gpus=2, output_dir="runs", **QUIET)
+    assert [v["RANK"] for v in values] == ["0", "1"]
+    assert all(v["tag"] == "hello" and v["WORLD_SIZE"] == "2" and v["MASTER_PORT"] and v["TORCHELASTIC_RUN_ID"]
+               for v in values)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_failing_rank_is_one_exception_naming_it_with_its_traceback(tmp_path):
+    with pytest.raises(launcher.LaunchFailed) as caught:
+        launcher.launch(api_functions.fail_on_rank, 1, gpus=2, output_dir=str(tmp_path), **QUIET)
+    failed = caught.value
+    assert failed.rank == 1 and failed.state == "FAILED"
+    assert str(failed).startswith("rank 1 failed: ValueError: rank 1 broke on purpose")
+    assert "in fail_on_rank" in failed.traceback and failed.traceback.rstrip().endswith("rank 1 broke on purpose")
+    assert "launcher/api/worker.py" not in failed.traceback  # the function's frames, not the shim's
+    assert Path(failed.run_dir).parent == tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_jupyter_cell_trains_a_ddp_model_on_two_ranks(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    train = (
+        "import json, os\n"
+        "import launcher\n\n"
+        "def train(steps):\n"
+        "    import torch, torch.distributed as dist\n"
+        "    from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "    dist.init_process_group('gloo')\n"
+        "    torch.manual_seed(0)\n"
+        "    model = DDP(torch.nn.Linear(4, 1))\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    data = torch.Generator().manual_seed(dist.get_rank())\n"
+        "    for _ in range(steps):\n"
+        "        x = torch.randn(8, 4, generator=data)\n"
+        "        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    weights = [round(w, 6) for w in model.module.weight.flatten().tolist()]\n"
+        "    rank = dist.get_rank()\n"
+        "    dist.destroy_process_group()\n"
+        "    return {'rank': rank, 'loss': loss.item(), 'weights': weights}\n")
+    run = f"results = launcher.launch(train, 3, gpus=2, output_dir={str(tmp_path / 'runs')!r}, wandb_mode='disabled')\n" \
+          "print('RESULTS ' + json.dumps(results))"
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(train), nbformat.v4.new_code_cell(run)])
+    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    printed = "".join(o.get("text", "") for o in notebook.cells[1].outputs if o.get("name") == "stdout")
+    results = json.loads(printed.split("RESULTS ", 1)[1].splitlines()[0])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["weights"] == results[1]["weights"]  # DDP kept the replicas equal
+    assert results[0]["loss"] != results[1]["loss"]  # each rank its own data
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_submit_here_returns_a_job_to_follow_and_one_to_cancel(tmp_path):
+    job = launcher.submit(api_functions.environment, "from a job", gpus=2, output_dir=str(tmp_path), **QUIET)
+    assert job.status() in ("PENDING", "RUNNING", "COMPLETED")
+    assert job.wait(timeout=200) in DONE and job.done()
+    assert [v["RANK"] for v in job.result()] == ["0", "1"]
+    assert "rank 1 says from a job" in job.logs(rank=1) and "rank 0 says" in job.logs()
+    assert "already ended" in job.cancel()  # a finished job is left alone
+
+    long = launcher.submit(api_functions.sleep_then_return, 600, gpus=2, output_dir=str(tmp_path), **QUIET)
+    deadline = time.monotonic() + 120
+    while "sleeping" not in long.logs(rank=1):
+        assert time.monotonic() < deadline and not long.done(), long.status()
+        time.sleep(0.5)
+    assert long.status() == "RUNNING"
+    assert "cancelled" in long.cancel()
+    assert long.done() and long.status() == "INTERRUPTED"
+    with pytest.raises(launcher.LaunchFailed, match="INTERRUPTED") as caught:
+        long.result()
+    assert caught.value.rank is None
+    assert not [p for p in psutil.process_iter(["cmdline"]) if long.job_id in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_submit_to_slurm_returns_a_working_job(tmp_path):
+    reason = slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    job = launcher.submit(api_functions.environment, "on slurm", cluster="slurm", nodes=2, gpus=1, slurm_time_min=5,
+                          output_dir=str(tmp_path), **QUIET)
+    try:
+        assert job.status() in ("PENDING", "RUNNING", "COMPLETED", "CONFIGURING", "COMPLETING")
+        assert job.wait(timeout=240) in DONE
+        values = job.result()
+        assert [v["RANK"] for v in values] == ["0", "1"] and [v["GROUP_RANK"] for v in values] == ["0", "1"]
+        assert "rank 1 says on slurm" in job.logs(rank=1)
+    finally:
+        for job_file in tmp_path.glob("*/job.json"):
+            subprocess.run(["scancel", str(json.loads(job_file.read_text())["job_id"])], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster_env(tmp_path_factory):
+    from tests.ray_cluster import ray_cluster, ray_env
+
+    for cluster in ray_cluster(tmp_path_factory, 2):
+        yield ray_env(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_submit_to_ray_returns_a_working_job(tmp_path, monkeypatch, ray_cluster_env):
+    for name, value in ray_cluster_env.items():
+        monkeypatch.setenv(name, value)
+    job = launcher.submit(api_functions.environment, "on ray", cluster="ray", nodes=2, gpus=1,
+                          output_dir=str(tmp_path), **QUIET)
+    assert job.wait(timeout=240) in DONE, job.logs()
+    values = job.result()
+    assert [v["RANK"] for v in values] == ["0", "1"] and [v["GROUP_RANK"] for v in values] == ["0", "1"]
+    assert "rank 1 says on ray" in job.logs(rank=1)
+    assert "already ended" in job.cancel()
