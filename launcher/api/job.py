@@ -153,13 +153,13 @@ class Job:
         if rank is None and errors:
             rank = min(errors)
         traceback = errors.get(rank, "") if rank is not None else ""
-        said = str(summary.get("error") or "") or self._output_tail()
+        said = str(summary.get("error") or "") or ("" if self._recorded() else self._output_tail())
         if rank is not None:
             what = traceback.strip().splitlines()[-1] if traceback.strip() else said
             message = f"rank {rank} failed: {what}"
         else:
-            message = f"job ended {state}" + (f": {said}" if said else "")
-        message += f" (job {self.job_id}, run directory {self.run_dir}; job.logs(rank) shows a rank's log)"
+            message = f"job {self.job_id} ended {state}" + (f": {said}" if said else "")
+        message += f" (run directory {self.run_dir}; job.logs(rank) shows a rank's log)"
         if traceback:
             message += f"\n\nrank {rank}'s traceback:\n{traceback.rstrip()}"
         return LaunchFailed(message, rank=rank, traceback=traceback, state=state, run_dir=str(self.run_dir))
