@@ -101,6 +101,7 @@ def test_a_failing_rank_is_one_exception_naming_it_with_its_traceback(tmp_path):
     assert "in fail_on_rank" in failed.traceback and failed.traceback.rstrip().endswith("rank 1 broke on purpose")
     assert "launcher/api/worker.py" not in failed.traceback  # the function's frames, not the shim's
     assert Path(failed.run_dir).parent == tmp_path
+    assert [p.name for p in tmp_path.iterdir()] == [Path(failed.run_dir).name]  # its call file went with the job
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from launcher.api.payload import load_result, read_outcome
 from launcher.backends import registry
@@ -41,7 +41,7 @@ class Job:
         self._staging = staging
         self._process = process  # the launcher this job started: runs a local job, submits a SLURM or Ray one
         self._echoed = 0
-        self._results: Optional[List[Any]] = None
+        self._outcome: Optional[Union[List[Any], LaunchFailed]] = None  # result()'s, once the job ended
 
     def __repr__(self) -> str:
         return f"Job({self.job_id!r}, {self.status()}, run_dir={str(self.run_dir)!r})"
@@ -78,16 +78,21 @@ class Job:
 
     def result(self) -> List[Any]:
         """The ranks' return values in rank order, once the job ended; LaunchFailed if it did not complete."""
-        if self._results is not None:
-            return self._results
-        state = self.wait()
-        described = self._describe()
-        if described is None or described.exit_code != 0:
-            raise self._failure(state)
-        size = self.world_size_recorded()
-        self._results = [load_result(self._key, self.job_id, str(self.run_dir), rank) for rank in range(size)]
-        shutil.rmtree(self._staging, ignore_errors=True)  # the call (and its key) is no longer needed
-        return self._results
+        if self._outcome is None:
+            state = self.wait()
+            described = self._describe()
+            try:
+                if described is None or described.exit_code != 0:
+                    self._outcome = self._failure(state)
+                else:
+                    size = self.world_size_recorded()
+                    self._outcome = [load_result(self._key, self.job_id, str(self.run_dir), r) for r in range(size)]
+            except LaunchFailed as e:  # a rank's file missing or not signed by this job
+                self._outcome = e
+            shutil.rmtree(self._staging, ignore_errors=True)  # it ended: its call file (and key file) is not needed
+        if isinstance(self._outcome, LaunchFailed):
+            raise self._outcome
+        return self._outcome
 
     def logs(self, rank: int = 0) -> str:
         """Rank's log so far (its restarted attempts' after), as `python -m launcher logs` reads it; "" before it has one."""
