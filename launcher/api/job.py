@@ -8,6 +8,7 @@ from the ranks' signed files (launcher.api.payload); summary.json names the rank
 
 from __future__ import annotations
 
+import codecs
 import json
 import shutil
 import signal
@@ -41,6 +42,7 @@ class Job:
         self._staging = staging
         self._process = process  # the launcher this job started: runs a local job, submits a SLURM or Ray one
         self._echoed = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
         self._outcome: Optional[Union[List[Any], LaunchFailed]] = None  # result()'s, once the job ended
 
     def __repr__(self) -> str:
@@ -185,5 +187,5 @@ class Job:
         except OSError:
             return
         self._echoed += len(new)
-        sys.stdout.write(new.decode("utf-8", errors="replace"))
+        sys.stdout.write(self._decoder.decode(new))
         sys.stdout.flush()
