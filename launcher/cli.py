@@ -9,8 +9,10 @@ from typing import Dict, List, Optional
 
 from launcher import interrupts
 from launcher.commands import catalog
+from launcher.config import torchrun_flags
+from launcher.errors import ConfigError
 from launcher.run import run
-from launcher.usage import config_overrides, parse_args, script_spec, with_error_contract
+from launcher.usage import config_overrides, parse_args, script_spec, value_flags, with_error_contract
 
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
 # Each lives in its own module; keep this table sorted.
@@ -38,10 +40,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: no command or script '{argv[0]}': did you mean {near}? "
               f"(`python -m launcher --help` lists the commands)", file=sys.stderr)
         return 2
-    try:
+    try:  # torchrun's flags become the launcher's first (launcher.config.torchrun_flags)
+        argv = torchrun_flags.launcher_argv(argv, value_flags(), note=lambda line: print(line, file=sys.stderr))
         args, script = parse_args(argv, lambda: catalog.command_list(COMMANDS))
     except SystemExit as e:  # argparse printed usage and one line already
         return int(e.code or 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
 
     def launch() -> int:
         return run(args, config_overrides(args), script_spec(args, script))

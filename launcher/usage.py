@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
-from typing import Callable, List, NoReturn, Optional, Tuple
+from typing import Callable, List, NoReturn, Optional, Set, Tuple
 
 from launcher import interrupts
+from launcher.config.inputs import OVERRIDE
 from launcher.errors import LauncherError
 from launcher.runtime.safefs import PlantedLinkError
-
-OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 EPILOG = """\
 examples:
@@ -39,6 +37,7 @@ examples:
                                                             c10d rendezvous: same command on every node
   python -m launcher compare --gpus 4 strategies=ddp,fsdp   the same job under each strategy, side by side
 
+torchrun's flags work too (--nproc-per-node, --nnodes, --standalone, --rdzv-backend, ...): docs/torchrun.md.
 Configuration precedence: built-in defaults < --config YAML < flags and key=value overrides.
 Without CUDA, --gpus G runs G CPU workers with gloo.
 """
@@ -150,7 +149,7 @@ def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[s
     The script starts at `-m MODULE` or at the first bare word that is not a flag's value and
     not a key=value override; everything after it belongs to the script.
     """
-    takes_value = {s for a in parser._actions if a.nargs != 0 and a.option_strings for s in a.option_strings}
+    takes_value = value_flags(parser)
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -166,6 +165,12 @@ def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[s
             continue
         return argv[:i], argv[i:]
     return argv, []
+
+
+def value_flags(parser: Optional[argparse.ArgumentParser] = None) -> Set[str]:
+    """The run command's flags that take a value (the next word is theirs, not the script)."""
+    parser = parser or build_parser()
+    return {s for a in parser._actions if a.nargs != 0 and a.option_strings for s in a.option_strings}
 
 
 def parse_args(argv: List[str], command_list: Optional[Callable[[], str]] = None) -> Tuple[argparse.Namespace, List[str]]:

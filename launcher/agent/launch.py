@@ -69,13 +69,13 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
         max_nodes=plan.nodes,
         nproc_per_node=plan.workers_per_node,
         run_id=plan.rdzv_id,
-        role="default",  # torchrun's: workers see ROLE_NAME=default
+        role=config["launcher"].get("role", "default"),  # torchrun's --role: workers see ROLE_NAME
         rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_configs={**rdzv_configs(plan), **rdzv_extra},
         local_addr=local_addr,
         max_restarts=plan.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=float(config["launcher"].get("monitor_interval_s", 0.1)),
         start_method="spawn",  # unused: launcher.agent.processes starts the workers
         logs_specs=logs_specs,
         shutdown_timeout=plan.shutdown_timeout_s,

@@ -58,7 +58,7 @@ class NodeSession:
 
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
         self.meet()
-        local_addr = choose_interface(self.handshake.host, self.handshake.port)
+        local_addr = config["rdzv"].get("local_addr") or choose_interface(self.handshake.host, self.handshake.port)
         node = plan.node_rank or 0
         peers = StartPeers(flag=lambda: self.handshake.flag_stuck_start(node), flagged=self.handshake.stuck_start_flagged)
         results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key, peers=peers)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Iterator, List, Optional, Tuple
 
 from launcher.config.yaml_limits import load_yaml
 from launcher.errors import ConfigError
 
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a key=value item on the command line
 RUN_ID_MAX_BYTES = 255  # NAME_MAX: a run id is one directory name under output_dir
 _CLOSING = {"]": "[", "}": "{"}
 

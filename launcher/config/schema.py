@@ -112,6 +112,7 @@ class RendezvousConfig:
     # a file holding the job's rendezvous secret, the same on every node (docs/security.md); without
     # it, LAUNCHER_RDZV_SECRET. Only the path is recorded: the secret is read by the node agent.
     secret_file: Optional[str] = None
+    local_addr: Optional[str] = None  # this node's address towards the others (torchrun's --local-addr); None = the interface reaching the rendezvous
 
 
 @dataclass
@@ -121,6 +122,8 @@ class LaunchSection:
     omp_threads: int = 0  # threads per worker; 0 = OMP_NUM_THREADS if exported, else cores / workers per node (at least 1)
     # a rank whose script returned but whose process has not exited this long after is killed (its result kept)
     exit_timeout_s: float = 60.0
+    role: str = "default"  # the workers' ROLE_NAME (torchrun's --role)
+    monitor_interval_s: float = 0.1  # how often each node's agent checks its workers (torchrun's --monitor-interval)
 
 
 @dataclass
@@ -274,8 +277,12 @@ def validate(cfg: Config) -> None:
     validate_rendezvous(cfg)
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
-    if cfg.launcher.exit_timeout_s <= 0:
-        raise ConfigError(f"launcher.exit_timeout_s={cfg.launcher.exit_timeout_s:g} must be positive: e.g. launcher.exit_timeout_s=60")
+    for key, value, example in (("exit_timeout_s", cfg.launcher.exit_timeout_s, 60),
+                                ("monitor_interval_s", cfg.launcher.monitor_interval_s, 0.1)):
+        if value <= 0:
+            raise ConfigError(f"launcher.{key}={value:g} must be positive: e.g. launcher.{key}={example}")
+    if not cfg.launcher.role.strip():
+        raise ConfigError("launcher.role is empty: name the workers' role (ROLE_NAME), e.g. launcher.role=trainer")
     if cfg.checkpoint.every_steps != "auto":
         if not isinstance(cfg.checkpoint.every_steps, int):
             raise ConfigError(f"checkpoint.every_steps={cfg.checkpoint.every_steps} is neither a whole number nor auto: "
