@@ -71,10 +71,11 @@ TORCH_EXIT_ABORT = "terminate called without an active exception"
 BASELINE_TRIES = 3
 
 
-def run_torchrun(args: List[str], cwd: Path, env: Dict[str, str], out: Path) -> subprocess.CompletedProcess:
-    """torchrun ARGS to completion (OUT emptied before each try); on timeout kill its process group and fail."""
-    # plain torchrun, as users type it: one node, so a c10d rendezvous on localhost and a free port
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args]
+def run_torchrun(args: List[str], cwd: Path, env: Dict[str, str], out: Path,
+                 flags: Sequence[str] = ("--nproc-per-node", "2")) -> subprocess.CompletedProcess:
+    """torchrun FLAGS ARGS to completion (OUT emptied before each try); on timeout kill its process group and fail."""
+    # by default plain torchrun, as users type it: one node, so a c10d rendezvous on localhost and a free port
+    argv = [sys.executable, "-m", "torch.distributed.run", *flags, *args]
     for _ in range(BASELINE_TRIES):
         shutil.rmtree(out)
         out.mkdir()

@@ -108,7 +108,9 @@ def worker_job(plan: LaunchPlan, config: Dict[str, Any], agent_env: Tuple[str, .
                      added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,
                      exit_timeout_s=float(config["launcher"]["exit_timeout_s"]), heartbeat=watchdog_s > 0,
                      config=config if kind == "trainer" else {}, slurm="SLURM_JOB_ID" in os.environ,
-                     steps=script_steps(config) if kind != "trainer" else None)
+                     steps=script_steps(config) if kind != "trainer" else None,
+                     redirects=str(config["launcher"].get("redirects", "0")),
+                     ranks_filter=tuple(config["launcher"].get("local_ranks_filter", ())))
 
 
 def script_steps(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:

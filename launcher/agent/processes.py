@@ -30,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.api import PContext, RunProcsResu
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from launcher.agent.failures import readable_error_file
-from launcher.agent.streams import OutputRouter
+from launcher.agent.streams import OutputRouter, console_streams
 from launcher.agent.zygote import BOOTSTRAP, Zygote
 from launcher.interrupts import blocked_for_child
 from launcher.runtime import safefs
@@ -63,6 +63,8 @@ class WorkerJob:
     slurm: bool = False
     # a script's step records (launcher/worker/progress.py): {"launch": launch key, "wandb": bool}; None = off
     steps: Optional[Dict[str, Any]] = None
+    redirects: str = "0"  # launcher.redirects: streams the console leaves out (torchrun's -r)
+    ranks_filter: tuple = ()  # launcher.local_ranks_filter: the local ranks the console shows; () = all
 
 
 @dataclass
@@ -122,7 +124,8 @@ class WorkerProcesses(PContext):
                 pid = popen.pid
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
-            self.router.add(rank, out_r, err_r, status_r, self.stdouts[local_rank])
+            shown = console_streams(self.job.redirects, self.job.ranks_filter, local_rank)
+            self.router.add(rank, out_r, err_r, status_r, self.stdouts[local_rank], shown)
             self.workers[local_rank] = _Worker(local_rank, rank, pid, popen)
         self.router.start()
         WorkerProcesses.latest = self

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import BinaryIO, Dict, List, Optional, Tuple
+from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
 from launcher.runtime import safefs
 
@@ -59,6 +59,17 @@ class _Source:
     kind: str  # out | err | status
     log: Optional[BinaryIO]
     pending: bytes = b""
+    shown: bool = True  # on the console too (launcher.redirects / launcher.local_ranks_filter: the log file only)
+
+
+def console_streams(redirects: str, ranks_filter: Sequence[int], local_rank: int) -> Tuple[str, ...]:
+    """The streams of one local rank the console shows, as torchrun's -r (0 none, 1 stdout, 2 stderr, 3 both, or
+    LOCAL_RANK:N,...: those go to the log file only) and --local-ranks-filter (only these local ranks) decide."""
+    if ranks_filter and local_rank not in ranks_filter:
+        return ()
+    per_rank = dict(item.split(":", 1) for item in redirects.split(",")) if ":" in redirects else None
+    code = int(per_rank.get(str(local_rank), "0") if per_rank is not None else redirects)
+    return tuple(kind for kind, bit in (("out", 1), ("err", 2)) if not code & bit)
 
 
 @dataclass
@@ -84,7 +95,8 @@ class OutputRouter(threading.Thread):
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._row = ConsoleRow()
 
-    def add(self, rank: int, stdout_fd: int, stderr_fd: int, status_fd: int, log_path: str) -> None:
+    def add(self, rank: int, stdout_fd: int, stderr_fd: int, status_fd: int, log_path: str,
+            shown: Tuple[str, ...] = ("out", "err")) -> None:
         run_dir = os.path.dirname(os.path.dirname(log_path))  # <run_dir>/logs/rank-K.log: nothing below it followed
         log = safefs.open_file(log_path, "ab", root=run_dir, buffering=0)
         times = safefs.open_file(log_path + TIMES_SUFFIX, "ab", root=run_dir, buffering=0)
@@ -94,7 +106,8 @@ class OutputRouter(threading.Thread):
             self.status[rank] = RankStatus()
             for fd, kind in ((stdout_fd, "out"), (stderr_fd, "err"), (status_fd, "status")):
                 os.set_blocking(fd, False)
-                self._selector.register(fd, selectors.EVENT_READ, _Source(rank, kind, log if kind != "status" else None))
+                source = _Source(rank, kind, log if kind != "status" else None, shown=kind in shown)
+                self._selector.register(fd, selectors.EVENT_READ, source)
         os.write(self._wake_w, b"x")
 
     def run(self) -> None:
@@ -130,7 +143,7 @@ class OutputRouter(threading.Thread):
                 source.log.write(chunk)
             except OSError:  # a full disk: the console still shows the rank, and its error names the disk
                 source.log = None
-        if self._console:
+        if self._console and source.shown:
             self._show(source, chunk)
 
     def _on_status(self, source: _Source, chunk: bytes) -> None:
@@ -153,7 +166,7 @@ class OutputRouter(threading.Thread):
             self._emit(source, pieces)
 
     def _flush_pending(self, source: _Source) -> None:
-        if source.kind != "status" and source.pending and self._console:
+        if source.kind != "status" and source.pending and self._console and source.shown:
             self._emit(source, [source.pending + b"\n"])
         source.pending = b""
 

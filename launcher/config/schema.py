@@ -22,6 +22,7 @@ from launcher.config.secrets import redact
 from launcher.config.compat import check_strategy
 from launcher.config.features import check_feature_config
 from launcher.config.ray_section import RayConfig, check_ray_config
+from launcher.config.torchrun_flags import check_std
 
 STRATEGIES = ("dp", "ddp", "fsdp", "pipeline", "tensor", "naive_mp")
 MODELS = ("mlp", "gpt", "cnn")
@@ -124,6 +125,10 @@ class LaunchSection:
     exit_timeout_s: float = 60.0
     role: str = "default"  # the workers' ROLE_NAME (torchrun's --role)
     monitor_interval_s: float = 0.1  # how often each node's agent checks its workers (torchrun's --monitor-interval)
+    # the console leaves these streams out, kept in logs/rank-<k>.log only (torchrun's -r): 0 none, 1 stdout,
+    # 2 stderr, 3 both, or LOCAL_RANK:N,... per local rank
+    redirects: str = "0"
+    local_ranks_filter: List[int] = field(default_factory=list)  # the console shows only these local ranks; [] = all
 
 
 @dataclass
@@ -281,6 +286,7 @@ def validate(cfg: Config) -> None:
                                 ("monitor_interval_s", cfg.launcher.monitor_interval_s, 0.1)):
         if value <= 0:
             raise ConfigError(f"launcher.{key}={value:g} must be positive: e.g. launcher.{key}={example}")
+    check_std("launcher.redirects", str(cfg.launcher.redirects))
     if not cfg.launcher.role.strip():
         raise ConfigError("launcher.role is empty: name the workers' role (ROLE_NAME), e.g. launcher.role=trainer")
     if cfg.checkpoint.every_steps != "auto":

@@ -43,12 +43,9 @@ REFUSED = {
                             "CUDA_VISIBLE_DEVICES in your script",
     "--signals-to-handle": "the launcher itself handles SIGINT, SIGTERM and SIGHUP (a checkpoint, then a stop): "
                            "drop it",
-    "--redirects": "every rank's output is shown on the console and kept in logs/rank-<k>.log: drop it, or use -t",
-    "--local-ranks-filter": "the console shows every rank (each line prefixed [rank<k>]) and logs/rank-<k>.log "
-                            "keeps each apart: drop it",
 }
 # Values of a refused flag that ask for what the launcher does anyway: accepted.
-HARMLESS = {"--redirects": {"0"}, "--event-log-handler": {"null"}, "--duplicate-stdout-filters": {""},
+HARMLESS = {"--event-log-handler": {"null"}, "--duplicate-stdout-filters": {""},
             "--duplicate-stderr-filters": {""}}
 RDZV_CONF = {"join_timeout": "rdzv.timeout_s", "timeout": "rdzv.timeout_s"}
 START_METHODS = {"spawn": "spawn", "fork": "fork", "forkserver": "fork"}  # forkserver: the zygote is one
@@ -289,8 +286,21 @@ def overrides(given: Dict[str, str]) -> List[str]:
     if "--rdzv-conf" in given:
         out += rdzv_conf(given["--rdzv-conf"])
     if "--tee" in given:
-        _check_std("--tee", given["--tee"])  # the launcher tees both streams of every rank already
+        check_std("--tee", given["--tee"])  # the launcher tees both streams of every rank already
+    if "--redirects" in given:
+        check_std("--redirects", given["--redirects"])
+        out.append(f"launcher.redirects='{given['--redirects']}'")
+    if "--local-ranks-filter" in given:
+        out.append(f"launcher.local_ranks_filter=[{local_ranks(given['--local-ranks-filter'])}]")
     return out
+
+
+def local_ranks(text: str) -> str:
+    """--local-ranks-filter 0,1,2 -> '0,1,2' once every item is a local rank."""
+    items = text.split(",")
+    if not all(item.strip().isdigit() for item in items):
+        raise ConfigError(f"--local-ranks-filter {text}: expects local ranks joined by commas, e.g. 0 or 0,1")
+    return ",".join(item.strip() for item in items)
 
 
 def rdzv_conf(text: str) -> List[str]:
@@ -312,7 +322,7 @@ def _number(given: Dict[str, str], flag: str) -> float:
         raise ConfigError(f"{flag} expects seconds, got '{given[flag]}'") from None
 
 
-def _check_std(flag: str, text: str) -> None:
+def check_std(flag: str, text: str) -> None:
     """torchrun's Std format: 0-3, or local_rank:0-3 pairs joined by commas."""
     parts = [p.partition(":")[2] if ":" in p else p for p in text.split(",")]
     if not all(p in ("0", "1", "2", "3") for p in parts):
