@@ -144,7 +144,8 @@ def test_a_mapped_line_parses_into_the_launchers_config_overrides():
     ("--local-addr 10.0.0.2", "loopback only"),
     ("--start-method thread", "spawn, fork or forkserver"),
     ("--tee 5", "0-3"), ("-r 0:4", "0-3"), ("--local-ranks-filter a", "local ranks joined by commas"),
-    ("--nproc-per-node 2 --gpus 2", "keep one"),
+    ("--nproc-per-node 2 --gpus 2", "keep one"), ("--nnodes=1 --nodes=1", "keep one"),
+    ("--rdzv-endpoint h0 --node_rank 1 --nnodes 2", "HOST:PORT"),
     ("--standalone=1", "takes no value"),
 ])
 def test_what_cannot_mean_the_same_is_refused_in_one_line(line, message):

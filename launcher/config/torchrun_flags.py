@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from launcher.config.inputs import OVERRIDE
+from launcher.config.rendezvous import split_endpoint
 from launcher.errors import ConfigError
 
 # Elastic membership (--nnodes MIN:MAX, MIN < MAX). The one switch the elastic work turns on: with it True, a range
@@ -144,8 +145,9 @@ def launcher_argv(argv: List[str], takes_value: Set[str], host: Host = HOST,
     found = scan(argv, takes_value)
     if not found.torchrun:  # the launcher's own command line: its flags keep their meaning (docs/several-machines.md)
         return argv
+    own = {token.partition("=")[0] for token in found.ours}
     for flag, ours in SAME_AS.items():
-        if flag in found.given and ours in found.ours:
+        if flag in found.given and ours in own:
             raise ConfigError(f"{flag} and {ours} both given: they set the same thing, keep one")
     flags, overrides = translate(found, host, note)
     script = (["-m", *found.script] if found.module else ["--", *found.script]) if found.script else []
@@ -248,9 +250,12 @@ def rendezvous_flags(given: Dict[str, str], nodes: int, note: Callable[[str], No
             if flag in given:
                 note(f"note: {flag} ignored: one node with no --master-port meets on a free port, as under torchrun")
         return _local_addr(given, single=True)
-    addr, port = (endpoint.rsplit(":", 1) if endpoint and ":" in endpoint
-                  else (given.get("--master-addr", "127.0.0.1"), given.get("--master-port", "29500")))
-    return ["--node-rank", rank or "0", "--master-addr", addr.strip("[]"), "--master-port", port,
+    for flag in ("--master-addr", "--master-port"):
+        if endpoint and flag in given:
+            note(f"note: {flag} ignored: --rdzv-endpoint names node 0's address and port, as under torchrun")
+    addr, port = (split_endpoint(endpoint) if endpoint
+                  else (given.get("--master-addr", "127.0.0.1").strip("[]"), given.get("--master-port", "29500")))
+    return ["--node-rank", rank or "0", "--master-addr", addr, "--master-port", str(port),
             *_rdzv_id(given), *_local_addr(given, single=nodes == 1 and addr.startswith(LOOPBACK))]
 
 
