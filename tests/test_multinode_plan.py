@@ -46,6 +46,13 @@ def test_every_static_node_derives_the_same_run_id_from_the_address():
     assert rdzv_configs(plans[1]) == {"join_timeout": 60, "rank": 1, "timeout": 60}
 
 
+def test_a_one_node_job_on_a_fixed_port_is_a_new_run_each_time_as_under_torchrun():
+    """`torchrun --nproc-per-node 2 --master-port 29501 train.py` run again was refused as a second launch on the
+    first one's run id (job-127.0.0.1-29501): only nodes that must find each other's directory derive one."""
+    for argv in (["--master-port", "29501"], ["--nodes", "1", "--rdzv-endpoint", "127.0.0.1:29400"]):
+        assert plan_for([*argv, "--gpus", "2"]).run_id == "fresh-id"
+
+
 def test_c10d_run_id_comes_from_rdzv_id_when_given():
     plan = plan_for(["--nodes", "2", "--rdzv-endpoint", "head.example:29400", "--rdzv-id", "exp 7/a"])
     assert (plan.rdzv_backend, plan.rdzv_endpoint) == ("c10d", "head.example:29400")

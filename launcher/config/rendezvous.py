@@ -70,8 +70,13 @@ def shared_run_id(cfg: Any) -> Optional[str]:
     """The run id every node of a real multi-node job derives alike, so they share one run directory name.
 
     --rdzv-id when given, else the rendezvous address and port (both are on every node's command
-    line). None for single and simulated runs, which get a fresh id.
+    line). None for single and simulated runs, which get a fresh id, and for a one-node job without
+    --rdzv-id: no other node needs to find its directory, and `torchrun --nproc-per-node 2 --master-port P
+    train.py` run again (a common line: a fixed port beside other jobs) is a new run, as under torchrun,
+    not a second launch on the first one's run id.
     """
+    if cfg.nodes == 1 and not cfg.rdzv.id:
+        return None
     mode = launch_mode(cfg)
     if mode == "c10d":
         host, port = split_endpoint(cfg.rdzv.endpoint)
