@@ -19,6 +19,7 @@ from launcher.errors import ConfigError
 from launcher.config.features import check_device_features
 from launcher.runtime import env as names
 from launcher.config.rendezvous import launch_mode, rendezvous_fields
+from launcher.config.elastic import min_nodes
 
 # CPU workers one machine may run: several per core is a fair test of a multi-GPU job's logic;
 # thousands are a typo (--gpus 4000 for 4) that would fork until memory runs out.
@@ -73,6 +74,13 @@ class LaunchPlan:
     rdzv_secret_file: Optional[str] = None  # where the node agent reads the job's secret (never the secret itself)
     kind: str = ""  # the engine that launched it (launcher.backends.registry): ls, status and logs read it
     shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
+    min_nodes: Optional[int] = None  # elastic (--nodes MIN:MAX): the fewest nodes the job runs on; None = nodes
+    rdzv_conf: Dict[str, Any] = field(default_factory=dict)  # torch's rendezvous options (rdzv.conf)
+
+    @property
+    def elastic(self) -> bool:
+        """Nodes may leave and join while the job runs (launcher.config.elastic)."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -175,7 +183,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         run_dir=run_dir,
         nodes=cfg.nodes,
         workers_per_node=workers,
-        world_size=cfg.nodes * workers,  # with c10d, nodes may differ: summary.json has the real one
+        world_size=cfg.nodes * workers,  # with c10d, nodes may differ (elastic: the most): summary.json has the real one
         device_type=device_type,
         backend=backend,
         **rendezvous_fields(cfg, run_id, free_port),
@@ -189,6 +197,8 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         notices=tuple(notices),
         # workers stop themselves checkpoint.grace_s after the signal; the agent's SIGKILL is the backstop
         shutdown_timeout_s=int(cfg.checkpoint.grace_s) + 2,
+        min_nodes=min_nodes(cfg),
+        rdzv_conf=dict(cfg.rdzv.conf),
     )
 
 

@@ -139,6 +139,7 @@ def summary_base(cfg: Config, plan: LaunchPlan) -> Dict[str, Any]:
         "gpus_per_node": plan.workers_per_node, "backend": plan.backend, "device_type": plan.device_type,
         "strategy": cfg.trainer.strategy if builtin else None, "model": cfg.model.name if builtin else None,
         "script": cfg.script.path, "restarts": 0,
+        **({"elastic_nodes": f"{plan.min_nodes}:{plan.nodes}"} if plan.elastic else {}),
     }
 
 

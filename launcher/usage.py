@@ -14,8 +14,9 @@ import sys
 from typing import Callable, List, NoReturn, Optional, Set, Tuple
 
 from launcher import interrupts
+from launcher.config.elastic import nodes_overrides, parse_nodes
 from launcher.config.inputs import OVERRIDE
-from launcher.errors import LauncherError
+from launcher.errors import ConfigError, LauncherError
 from launcher.runtime.safefs import PlantedLinkError
 
 EPILOG = """\
@@ -101,7 +102,9 @@ def build_parser() -> RunParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action=VersionAction, nargs=0, help="print the launcher's and torch's versions and exit")
-    p.add_argument("--nodes", type=int_flag("--nodes"), metavar="N", help="number of nodes (default 1); e.g. --nodes 2")
+    p.add_argument("--nodes", type=nodes_flag, metavar="N|MIN:MAX",
+                   help="number of nodes (default 1), e.g. --nodes 2; MIN:MAX for an elastic job (c10d rendezvous): "
+                        "it starts once MIN nodes joined and goes on while at least MIN remain, e.g. --nodes 1:4")
     p.add_argument("--gpus", type=int_flag("--gpus"), metavar="G",
                    help="workers per node: one per GPU, or G CPU workers with gloo when there is no CUDA; e.g. --gpus 4")
     p.add_argument("--config", metavar="FILE", help="a YAML config (path, or a name from configs/ such as 'quick')")
@@ -119,6 +122,9 @@ def build_parser() -> RunParser:
                         "nodes may run different worker counts (e.g. --gpus 1 on one node, --gpus 2 on another)")
     p.add_argument("--rdzv-id", metavar="ID", help="rendezvous and run id shared by all nodes of one job "
                                                    "(default: derived from the address and port)")
+    p.add_argument("--rdzv-conf", metavar="K=V,...",
+                   help="torch's rendezvous options, as torchrun's --rdzv-conf (rdzv.conf), e.g. "
+                        "last_call_timeout=10,keep_alive_interval=2")
     p.add_argument("--rdzv-secret-file", metavar="PATH",
                    help="a file holding the job's secret, the same on every machine: the nodes sign what they share "
                         "at the rendezvous with it (default: $LAUNCHER_RDZV_SECRET; SLURM jobs get one)")
@@ -141,6 +147,24 @@ def int_flag(name: str):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} expects a whole number, got '{text}'") from None
     return parse
+
+
+def nodes_flag(text: str) -> str:
+    """--nodes N or MIN:MAX, checked here so a typo is argparse's one line (launcher.config.elastic reads it)."""
+    try:
+        parse_nodes(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def rdzv_conf_overrides(text: str) -> List[str]:
+    """`--rdzv-conf a=1,b=2` -> rdzv.conf.a=1, rdzv.conf.b=2 (torchrun's syntax)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ConfigError(f"--rdzv-conf {text}: '{bad[0]}' is not KEY=VALUE: write e.g. --rdzv-conf last_call_timeout=10")
+    return [f"rdzv.conf.{item}" for item in items]
 
 
 def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[str], List[str]]:
@@ -185,7 +209,11 @@ def parse_args(argv: List[str], command_list: Optional[Callable[[], str]] = None
 def config_overrides(args: argparse.Namespace) -> List[str]:
     """Flags become overrides of their config keys, applied after the user's key=value items."""
     overrides = list(args.overrides)
-    for flag, key in (("nodes", "nodes"), ("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
+    if args.nodes is not None:
+        overrides.extend(nodes_overrides(args.nodes))
+    if args.rdzv_conf is not None:
+        overrides.extend(rdzv_conf_overrides(args.rdzv_conf))
+    for flag, key in (("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
                       ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"), ("cluster", "cluster"),
                       ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),
                       ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id"),

@@ -19,7 +19,8 @@ def test_one_timeline_splits_into_causes_that_add_up():
     }
     seconds = account(0.0, 41.0, attempts, {0: {"detected_at": 21.0}}, "completed")
     assert seconds == pytest.approx({"startup": 10.0, "checkpoint": 3.0, "failure_detection": 1.0, "restart": 4.0,
-                                     "recompute": 3.5, "hang": 0.0, "shutdown": 1.0, "good": 5.5 + 13.0})
+                                     "membership": 0.0, "recompute": 3.5, "hang": 0.0, "shutdown": 1.0,
+                                     "good": 5.5 + 13.0})
     assert sum(seconds.values()) == pytest.approx(41.0)
     # attempt 1 dies while starting (no step): its 5 s were restart time, not detection
     died = account(0.0, 46.0, {0: attempts[0], 2: {**attempts[1], "first_step_at": 30.0}},

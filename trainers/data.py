@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Sized, Tuple
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -55,14 +55,47 @@ def build_dataset(cfg: Any) -> TensorDataset:
     return teacher_dataset(cfg.data.dataset_size, m.in_dim, m.classes, cfg.seed)
 
 
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler (shuffled, drop_last) whose epoch can start at a global sample offset.
+
+    An epoch is one permutation of the dataset, seeded by seed + epoch; rank r of W reads every W-th index of
+    it from position r, so after k batches of B per rank the ranks together consumed its first k*B*W
+    indices. ``set_epoch(epoch, start)`` deals out what follows ``start`` among this sampler's ranks: a job
+    resumed with another world size (elastic membership) reads the rest of the epoch, none dropped or repeated.
+    With start=0 the indices are DistributedSampler's own, and for the same world size they stay so at any start.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.start = start
+
+    def order(self) -> List[int]:
+        """The epoch's permutation, as DistributedSampler draws it."""
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        rest = self.order()[self.start:]
+        usable = len(rest) // self.num_replicas * self.num_replicas
+        return iter(rest[self.rank:usable:self.num_replicas])
+
+    def __len__(self) -> int:
+        return max(0, len(self.dataset) - self.start) // self.num_replicas  # type: ignore[arg-type]
+
+
 def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int, seed: int,
-                 num_workers: int = 0, pin_memory: bool = False) -> Tuple[DataLoader, DistributedSampler]:
+                 num_workers: int = 0, pin_memory: bool = False) -> Tuple[DataLoader, ResumableSampler]:
     """Each rank reads a disjoint shard; drop_last keeps every rank at the same step count.
 
     Loader processes stay alive across epochs (persistent_workers): restarting them costs more
     than an epoch of this in-memory data.
     """
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=num_workers,
                         pin_memory=pin_memory, persistent_workers=num_workers > 0)
     return loader, sampler

@@ -13,20 +13,18 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
-from launcher.runtime import safefs
 from launcher.runtime.beats import heartbeat
 from launcher.runtime.config import read_config
 from launcher.runtime.env import START_TIME
 from .autobatch import activation_bytes, resolve_auto_batch
 from .checkpoint.checkpointer import Checkpointer, Start, open_epoch
-from .data import build_dataset, build_loader, grouped_batches
+from .data import ResumableSampler, build_dataset, build_loader, grouped_batches
 from .faults.hang import maybe_hang
 from .faults.inject import maybe_fail
 from .faults.stop import STOP
@@ -41,6 +39,7 @@ from .parallel.dist import DistEnv, init_process_group, pick_device, process_gro
 from .parallel.strategies import STRATEGIES, DataLayout, data_layout
 from .precision import Precision, resolve_precision
 from .stepping import grad_norm, optimizer_step, settle_gradient_buckets
+from .shards import SeenRecorder, record_shard
 from .transforms import prepare_model
 
 WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step costs, allocator warm-up)
@@ -75,7 +74,7 @@ class _Run:
     auto: Dict[str, Any]  # the automatic batch size's figures; empty unless data.batch_size=auto
     layout: DataLayout
     loader: DataLoader
-    sampler: DistributedSampler
+    sampler: ResumableSampler
     optimizer: torch.optim.Optimizer
     checkpointer: Checkpointer
     start: Start  # where the loop begins: from scratch or just after a checkpoint
@@ -86,6 +85,7 @@ class _Run:
     memory: PeakMemory
     clock: GoodputClock  # rank 0's record of where this attempt's time went (trainers.metrics.goodput)
     run_dir: Optional[str]
+    seen: SeenRecorder  # data.record_shards: the indices of every step
 
 
 @dataclass
@@ -94,7 +94,7 @@ class _LoopState:
 
     step: int
     epoch: int
-    skip: int  # batches of `epoch` to pass over (a resumed run); 0 from the next epoch on
+    offset: int  # samples of `epoch` all ranks consumed before this attempt (a resumed run); 0 from the next epoch on
     rng: Optional[dict]  # RNG states to restore when opening `epoch` (open_epoch); None from the next epoch on
     stop: bool = False  # the ranks agreed to stop (a signal arrived on one of them)
     first_step_at: Optional[float] = None
@@ -132,7 +132,8 @@ def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device
         clock.mark(phase, at)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer, clock)
     clock.mark("build")
-    start = checkpointer.resume(len(loader))
+    per_batch = layout.batch_size * layout.shard_count  # one batch of every rank: the epoch's position counts samples
+    start = checkpointer.resume(per_batch, lambda offset: max(0, len(dataset) - offset) // layout.shard_count // layout.batch_size)
     clock.mark("reload")
     clock.resumed_at(start.step)
     loggers = build_loggers(env.rank, run_dir, cfg.trainer.steps, cfg)
@@ -141,7 +142,8 @@ def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device
     accum = cfg.trainer.grad_accum_steps
     return _Run(model, dataset, precision, auto, layout, loader, sampler, optimizer, checkpointer, start, loggers,
                 meter, accum, global_batch=layout.batch_size * layout.shard_count * accum, memory=PeakMemory(device),
-                clock=clock, run_dir=run_dir)
+                clock=clock, run_dir=run_dir,
+                seen=SeenRecorder(run_dir, cfg.data.record_shards, env.rank, env.restart_count, layout.batch_size))
 
 
 def _announce(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str, run: _Run) -> None:
@@ -151,34 +153,38 @@ def _announce(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.devi
     if run.layout.note and env.rank == 0:
         print(f"{cfg.trainer.strategy}: {run.layout.note}", flush=True)
     if cfg.data.record_shards and run_dir:
-        _record_shard(run_dir, env.rank, list(iter(run.sampler)))
+        record_shard(run_dir, env.rank, list(iter(run.sampler)))
 
 
 def _loop(cfg: Any, env: DistEnv, device: torch.device, run: _Run) -> _LoopState:
     """Optimizer steps, epoch after epoch, until cfg.trainer.steps or until the ranks agree to stop."""
     start = run.start
-    state = _LoopState(start.step, start.epoch, start.skip, start.rng)
+    state = _LoopState(start.step, start.epoch, start.offset, start.rng)
+    per_batch = run.layout.batch_size * run.layout.shard_count
     heartbeat()  # arms the node's hang watchdog for this rank (launcher.agent.watchdog)
     while state.step < cfg.trainer.steps and not state.stop:
-        run.sampler.set_epoch(state.epoch)
-        batch_in_epoch = state.skip
-        epoch_batches = open_epoch(run.loader, state.skip, state.rng)
+        run.sampler.set_epoch(state.epoch, state.offset)  # a resumed epoch goes on where all ranks together stood
+        run.seen.open_epoch(run.sampler)
+        batch_in_epoch = 0  # since the sampler's start
+        epoch_batches = open_epoch(run.loader, state.offset > 0, state.rng)
         for micro_batches in grouped_batches(epoch_batches, run.accum):  # one optimizer step's batches
             if settle_gradient_buckets(run.model, micro_batches[0][0], device, run.precision) and run.meter.comm:
                 run.meter.comm.skip_one()  # once per attempt
             run.clock.step_started()
             _train_step(cfg, env, device, run, state, micro_batches)
             run.clock.step_ended(state.step)
+            run.seen.step(state.step, state.epoch, batch_in_epoch, len(micro_batches))
             batch_in_epoch += len(micro_batches)
             heartbeat()
             maybe_hang(env.rank, state.step)
-            state.stop = run.checkpointer.after_step(state.step, state.epoch, batch_in_epoch,
+            samples = state.offset + batch_in_epoch * per_batch
+            state.stop = run.checkpointer.after_step(state.step, state.epoch, samples // per_batch,
                                                      lambda: _mean_across_ranks(state.loss, env.world_size),
-                                                     last=state.step == cfg.trainer.steps)
+                                                     last=state.step == cfg.trainer.steps, samples=samples)
             run.meter.set_aside()
             if state.step == cfg.trainer.steps or state.stop:
                 break
-        state.epoch, state.skip, state.rng = state.epoch + 1, 0, None
+        state.epoch, state.offset, state.rng = state.epoch + 1, 0, None
     run.checkpointer.finish()  # a background save completes before the worker reports or exits
     run.clock.close()
     if state.in_flight is not None:  # the last record also says where the job's time went so far
@@ -348,12 +354,6 @@ def _since_launch(at: Optional[float]) -> Optional[float]:
     if at is None or start is None:
         return None
     return at - start
-
-
-def _record_shard(run_dir: str, rank: int, indices: List[int]) -> None:
-    path = Path(run_dir) / "shards" / f"rank-{rank}.json"
-    with safefs.open_file(str(path), "w", root=run_dir) as f:  # never through a planted link
-        f.write(json.dumps(indices))
 
 
 def main(argv: List[str]) -> int:

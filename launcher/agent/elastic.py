@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator, List, Optional
 
 from launcher.agent import elastic_fixes
 from launcher.agent.failures import FailureWatch
+from launcher.agent.membership import record_round
 from launcher.agent.processes import WorkerJob, WorkerProcesses
 
 log = logging.getLogger("launcher")
@@ -28,6 +29,20 @@ class AgentRecord:
 
     def __init__(self) -> None:
         self.restarts = 0
+        self.nodes: Optional[List[str]] = None  # the last c10d round's nodes (launcher.agent.membership)
+
+    def observe(self, round_record: Optional[Dict[str, Any]]) -> None:
+        """Say when the job re-formed with other nodes (an elastic job's membership change)."""
+        if round_record is None:
+            return
+        nodes = list(round_record["nodes"])
+        if self.nodes is not None and nodes != self.nodes:
+            left, joined = sorted(set(self.nodes) - set(nodes)), sorted(set(nodes) - set(self.nodes))
+            said = "; ".join(part for part in (f"left: {', '.join(left)}" if left else "",
+                                               f"joined: {', '.join(joined)}" if joined else "") if part)
+            log.info(f"membership changed ({said}): {len(nodes)} node{'s' if len(nodes) > 1 else ''}, "
+                     f"world size {round_record['world_size']}")
+        self.nodes = nodes
 
 
 @contextlib.contextmanager
@@ -56,6 +71,8 @@ def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord
 
         def _rendezvous(self, worker_group: Any) -> None:
             super()._rendezvous(worker_group)
+            if job.run_dir:
+                record.observe(record_round(job.run_dir, worker_group))
             restart = worker_group.spec.max_restarts - self._remaining_restarts
             if restart and worker_group.spec.rdzv_handler.get_backend() == "static":
                 timeout_s = worker_group.spec.rdzv_handler.timeout.total_seconds()

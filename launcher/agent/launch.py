@@ -65,7 +65,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
     launch_config = elastic_fixes.launch_config(
         LaunchConfig,
-        min_nodes=plan.nodes,
+        min_nodes=plan.min_nodes or plan.nodes,  # elastic: torch's agent re-forms the job without a lost node
         max_nodes=plan.nodes,
         nproc_per_node=plan.workers_per_node,
         run_id=plan.rdzv_id,

@@ -128,21 +128,26 @@ class NodeHandshake:
                 f"this machine can reach, and that no firewall blocks TCP port {self.port}")
 
     # -- before the job ---------------------------------------------------------------------
-    def meet(self, nodes: int, gpus: int) -> None:
-        """Check in and wait until all nodes have, or raise naming the problem (never hang)."""
+    def meet(self, nodes: int, gpus: int, min_nodes: Optional[int] = None) -> None:
+        """Check in and wait until all nodes have, or raise naming the problem (never hang).
+
+        min_nodes: an elastic job's (fewer than nodes): nodes come and go, so this node checks its settings
+        against the first node's and goes on; torch's c10d rendezvous waits for MIN of them."""
         same_workers = self.plan.rdzv_backend == "static"
-        me = {"token": self.token, "host": socket.gethostname(), "nodes": nodes, "gpus": gpus,
-              "node_rank": self.node_rank}
+        elastic = min_nodes is not None and min_nodes < nodes
+        me = {"token": self.token, "host": socket.gethostname(), "nodes": f"{min_nodes}:{nodes}" if elastic else nodes,
+              "gpus": gpus, "node_rank": self.node_rank}
         try:
             self.store.add("connected", 1)
             problem = self._check_in(me, same_workers)
-            if problem is None and self.store.add("arrivals", 1) > nodes:
+            if problem is None and self.store.add("arrivals", 1) > nodes and not elastic:
                 problem = (f"more than --nodes {nodes} nodes joined {self.host}:{self.port}: "
                            "a node was started twice, or with a wrong --nodes")
             if problem is not None:
                 self.store.compare_set("verdict", "", self._dump("verdict", problem))
                 raise ConfigError(problem)
-            self._wait_for_all(nodes)
+            if not elastic:
+                self._wait_for_all(nodes)
         except RendezvousAuthError as e:
             self._tell(str(e))
             self._stay_until_told()
@@ -206,7 +211,8 @@ class NodeHandshake:
     def publish_placement(self, placement: Dict[str, Any]) -> None:
         """Say where this node's ranks run (launcher.agent.logs_specs calls it as the workers start, again
         on a restart). Never raises: a lost store costs the node list, not the job."""
-        self._record = {**placement, "host": socket.gethostname(), "workers": len(placement.get("ranks", []))}
+        self._record = {**placement, "host": socket.gethostname(), "workers": len(placement.get("ranks", [])),
+                        "at": time.time()}
         try:
             if self._slot is None:
                 self._slot = self.store.add("placed", 1)
@@ -223,7 +229,10 @@ class NodeHandshake:
         """
         try:
             found: List[Dict[str, Any]] = [self._record]
-            if holds_rank0:
+            if holds_rank0 and self.plan.elastic:  # the nodes of the last round, each placed when its workers started
+                found = current_round(self._collect(min(nodes, self.store.add("placed", 0)), FAILED_PLACEMENT_WAIT_S),
+                                      self._record)
+            elif holds_rank0:
                 found = self._collect(nodes, PLACEMENT_WAIT_S)
                 self.store.set("collected", "1")
             elif self.is_host:
@@ -350,6 +359,17 @@ def _who(node: Dict[str, Any]) -> str:
     rank = node.get("node_rank")
     where = f"node {rank}" if rank is not None else "a node"
     return f"{where} on {node.get('host')}"
+
+
+def current_round(placements: List[Dict[str, Any]], mine: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """An elastic job's placements of its last round (mine is one): a lost node's, or a round's before, are older
+    and of another world size, or hold ranks a newer placement holds."""
+    kept: List[Dict[str, Any]] = []
+    for record in sorted(placements, key=lambda r: -float(r.get("at") or 0)):
+        ranks = set(record.get("ranks", []))
+        if record.get("world_size") == mine.get("world_size") and not any(ranks & set(k.get("ranks", [])) for k in kept):
+            kept.append(record)
+    return kept
 
 
 def describe_nodes(placements: List[Dict[str, Any]]) -> Tuple[int, List[Dict[str, Any]]]:

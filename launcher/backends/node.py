@@ -52,9 +52,13 @@ class NodeSession:
         """Meet the other nodes, or raise naming the problem (settings that differ, a --node-rank used twice)."""
         if not self.met:
             self.handshake.connect()
-            self.handshake.meet(self.plan.nodes, self.plan.workers_per_node)
+            self.handshake.meet(self.plan.nodes, self.plan.workers_per_node, self.plan.min_nodes)
             self.met = True
-            log.info(f"all {self.plan.nodes} nodes checked in at {self.plan.rdzv_endpoint} ({self.plan.rdzv_backend} rendezvous)")
+            if self.plan.elastic:
+                log.info(f"checked in at {self.plan.rdzv_endpoint}: elastic job of {self.plan.min_nodes} to "
+                         f"{self.plan.nodes} nodes (c10d rendezvous)")
+            else:
+                log.info(f"all {self.plan.nodes} nodes checked in at {self.plan.rdzv_endpoint} ({self.plan.rdzv_backend} rendezvous)")
 
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
         self.meet()
@@ -95,6 +99,8 @@ class NodeSession:
                 extra["gpus_per_node"] = [len(n["ranks"]) for n in nodes]
             if len(nodes) == self.plan.nodes:
                 extra["world_size"] = world
+            elif self.plan.elastic and status == "completed":  # the last round's nodes, however many
+                extra.update(world_size=world, nodes=len(nodes))
         full = {**base, **extra}
         if (status == "completed" and rank0 is not None) or (status != "completed" and self.is_head):
             return finish(run_dir, full, rank0, status, started, error=error, restarts=restarts)

@@ -21,7 +21,9 @@ from typing import Any, Dict, List, Optional
 from launcher import interrupts
 from launcher.agent.watchdog import nodes_verdict
 from launcher.backends.addresses import free_port
+from launcher.agent.stores import listening_store
 from launcher.backends.children import launcher_module_command
+from launcher.config.rendezvous import split_endpoint
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
@@ -43,14 +45,20 @@ def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
     """The backend interface (launcher.backends.dispatch): every node here, each its own process."""
     prepare_run_dir(cfg, plan, started)
     interrupts.release()  # the run directory is whole (launcher.backends.dispatch records a stop from here)
-    log.info(f"simulating {plan.nodes} nodes on this machine: {plan.nodes} node agents as separate processes, "
-             f"static rendezvous on {plan.rdzv_endpoint}")
+    elastic = f" (elastic: the job goes on while {plan.min_nodes} remain)" if plan.elastic else ""
+    log.info(f"simulating {plan.nodes} nodes on this machine: {plan.nodes} node agents as separate processes{elastic}, "
+             f"{plan.rdzv_backend} rendezvous on {plan.rdzv_endpoint}")
     # the nodes sign their handshake with a fresh secret (loopback is open to every local user); it goes
     # to them on stdin, with the plan: never into a file, an argument or an environment
     payload = json.dumps({"config": to_dict(cfg), "plan": plan.to_dict(), "started": started,
                           "rdzv_secret": secrets.token_hex(32)})
     supervisor = NodeSupervisor(plan, payload)
-    code = supervisor.run()
+    # an elastic job's rendezvous store lives here, not in a node: whichever node is lost, the others re-form
+    store = listening_store("127.0.0.1", split_endpoint(plan.rdzv_endpoint)[1], plan.rdzv_timeout_s) if plan.elastic else None
+    try:
+        code = supervisor.run()
+    finally:
+        del store
     return report(cfg, plan, started, code, supervisor.failed_node)
 
 
@@ -62,6 +70,7 @@ class NodeSupervisor:
         self.procs: List[subprocess.Popen] = []
         self.signal: Optional[int] = None
         self.failed_node: Optional[int] = None
+        self.lost: List[int] = []  # an elastic job's nodes that ended while at least MIN others went on
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -97,7 +106,9 @@ class NodeSupervisor:
                 self._wait_all(STOP_GRACE_S)
                 return 128 + self.signal
             for k, code in enumerate(codes):
-                if code not in (None, 0):
+                if code not in (None, 0) and k not in self.lost:
+                    if self._goes_on_without(k, code, codes):
+                        continue
                     self.failed_node = k
                     if _node_record(Path(self.plan.run_dir), k).get("status") == "hung":
                         log.info(f"node {k} caught a hang; waiting up to {HANG_PEERS_S:g}s for the other nodes' watchdogs")
@@ -107,9 +118,19 @@ class NodeSupervisor:
                         _stop(proc, signal.SIGTERM)
                     self._wait_all(STOP_GRACE_S)
                     return code
-            if all(code == 0 for code in codes):
+            if all(code == 0 for k, code in enumerate(codes) if k not in self.lost):
                 return 0
             time.sleep(POLL_S)
+
+    def _goes_on_without(self, k: int, code: int, codes: List[Optional[int]]) -> bool:
+        """An elastic job loses node k and goes on while at least MIN nodes remain (torch's agents re-form it)."""
+        left = sum(1 for j, c in enumerate(codes) if c is None and j != k)
+        if not self.plan.elastic or left < (self.plan.min_nodes or self.plan.nodes):
+            return False
+        self.lost.append(k)
+        log.info(f"node {k} (pid {self.procs[k].pid}) {_how_it_ended(code)}; {left} of at least {self.plan.min_nodes} "
+                 f"(--nodes {self.plan.min_nodes}:{self.plan.nodes}) remain: the job goes on without it")
+        return True
 
     def _wait_all(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

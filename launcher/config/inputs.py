@@ -98,6 +98,7 @@ INT64 = (-(2**63), 2**63 - 1)  # any other whole number: it must fit where torch
 INT_BOUNDS = {
     "seed": ("seed", 0, 2**32 - 1),  # numpy's seed range (the trainer adds small offsets to it per stream)
     "nodes": ("--nodes", 1, 65_536),
+    "min_nodes": ("min_nodes", 1, 65_536),
     "gpus": ("--gpus", 1, 4_096),  # worker processes on one node
     "trainer.steps": ("trainer.steps", 1, 2**31 - 1),
     "launcher.max_restarts": ("launcher.max_restarts", 0, 10_000),

@@ -3,7 +3,8 @@
 Pure functions over the config: no sockets (launcher.backends.handshake) and no processes
 (launcher.backends.simulated). Four modes:
   single     one node, this machine (c10d on a free loopback port)
-  simulated  --nodes N with no address: all N node agents on this machine (static rendezvous, free port)
+  simulated  --nodes N with no address: all N node agents on this machine (static rendezvous, free port;
+             c10d for an elastic --nodes MIN:MAX, its store hosted by the launcher that starts the nodes)
   static     --node-rank K --master-addr HOST --master-port PORT on every machine
   c10d       --rdzv-endpoint HOST:PORT on every machine; ranks assigned on arrival, worker counts may differ
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from launcher.config.elastic import is_elastic, rdzv_options
 from launcher.errors import ConfigError
 
 MODES = ("single", "simulated", "static", "c10d")
@@ -95,7 +97,8 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
     if mode == "single":
         fields.update(rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0")
     elif mode == "simulated":
-        fields.update(rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port}")
+        backend = "c10d" if is_elastic(cfg) else "static"  # only c10d re-forms without a lost node
+        fields.update(rdzv_backend=backend, rdzv_endpoint=f"127.0.0.1:{free_port}")
     elif mode == "static":
         addr = cfg.rdzv.master_addr or "127.0.0.1"
         fields.update(rdzv_backend="static", rdzv_endpoint=f"{addr}:{cfg.rdzv.master_port}")
@@ -110,9 +113,11 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
 
 def rdzv_configs(plan: Any) -> Dict[str, Any]:
     """torch's rendezvous options: the static backend needs this node's rank and its own timeout."""
-    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s}
+    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s, **rdzv_options(getattr(plan, "rdzv_conf", {}))}
     if plan.rdzv_backend == "static":
         configs.update(rank=plan.node_rank or 0, timeout=plan.rdzv_timeout_s)
+    elif plan.mode == "simulated":  # the launcher that started the nodes hosts the store: any node may be lost
+        configs.update(is_host=False)
     return configs
 
 

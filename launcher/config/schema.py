@@ -18,6 +18,7 @@ from launcher.config.inputs import (check_finite, check_int_bounds, check_no_til
 from launcher.config.paths import check_checkpoint_dir, check_script, resolve_config_path
 from launcher.config.yaml_limits import MAX_YAML_BYTES, dump_yaml
 from launcher.config.rendezvous import validate_rendezvous
+from launcher.config.elastic import check_elastic
 from launcher.config.secrets import redact
 from launcher.config.compat import check_strategy
 from launcher.config.features import check_feature_config
@@ -114,6 +115,9 @@ class RendezvousConfig:
     # it, LAUNCHER_RDZV_SECRET. Only the path is recorded: the secret is read by the node agent.
     secret_file: Optional[str] = None
     local_addr: Optional[str] = None  # this node's address towards the others (torchrun's --local-addr); None = the interface reaching the rendezvous
+    # torch's rendezvous options (torchrun's --rdzv-conf K=V,...; launcher/config/elastic.py), e.g.
+    # {last_call_timeout: 30, keep_alive_interval: 5, keep_alive_max_attempt: 3}: how fast an elastic job re-forms
+    conf: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -178,7 +182,10 @@ class ScriptConfig:
 
 @dataclass
 class Config:
-    nodes: int = 1  # number of nodes (machines)
+    nodes: int = 1  # number of nodes (machines); with min_nodes below it, the most an elastic job admits
+    # elastic membership (--nodes MIN:MAX, docs/several-machines.md): the job starts once this many nodes have
+    # joined and goes on while at least this many remain; None = nodes (a fixed membership)
+    min_nodes: Optional[int] = None
     gpus: int = 1  # worker processes per node: one per GPU, or CPU workers without CUDA
     seed: int = 0  # seeds every RNG (model init from seed, data order from seed and rank)
     output_dir: str = "launcher_runs"  # each run gets <output_dir>/<run_id>/ (not runs/: TensorBoard's default)
@@ -280,6 +287,7 @@ def validate(cfg: Config) -> None:
     _at_least(cfg.data.dataset_size, 1, "data.dataset_size")
     _at_least(cfg.rdzv.timeout_s, 1, "rdzv.timeout_s")
     validate_rendezvous(cfg)
+    check_elastic(cfg)
     _at_least(cfg.launcher.max_restarts, 0, "launcher.max_restarts")
     _at_least(cfg.launcher.omp_threads, 0, "launcher.omp_threads")
     for key, value, example in (("exit_timeout_s", cfg.launcher.exit_timeout_s, 60),

@@ -6,7 +6,6 @@ use the format without the loop's policy: every_steps, every_seconds, at the end
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import time
@@ -37,7 +36,7 @@ class Start:
 
     step: int = 0
     epoch: int = 0
-    skip: int = 0  # batches of `epoch` to pass over
+    offset: int = 0  # samples of `epoch` all ranks together consumed before (trainers.data.ResumableSampler)
     rng: Optional[dict] = None  # RNG states to restore at that point (open_epoch)
     resumed: Optional[Resume] = None
 
@@ -55,7 +54,7 @@ class Checkpointer:
         self._probe: Optional[tuple] = None  # every_steps=auto: (first step seen, when) until the probe save
         self._every_s = cfg.checkpoint.every_seconds
         self._keep = cfg.checkpoint.keep
-        self._rank = rank
+        self._rank, self._world = rank, world_size
         self._model, self._optimizer = model, optimizer
         self._signals = StepSignals(world_size, device)
         self._last_step = -1
@@ -67,24 +66,34 @@ class Checkpointer:
         self._staged: Any = None  # the async copy, reused by the next save once its write is done
         self.staged_bytes = 0  # host memory that copy holds: the bound on what async saves add
 
-    def resume(self, batches_per_epoch: int) -> Start:
-        """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts."""
+    def resume(self, samples_per_batch: int, batches_left: Callable[[int], int]) -> Start:
+        """Load the newest good checkpoint, if any: a restarted or repeated job continues, never restarts.
+
+        samples_per_batch: one batch of every rank together (for checkpoints that kept no sample offset, all of
+        this world size); batches_left(offset): this rank's batches of an epoch picked up at that offset.
+        """
         resumed = load_latest(self.dir, self._model, self._optimizer) if self.dir is not None else None
         if resumed is None:
             return Start()
         self._last_step = resumed.position.step
         if self._rank == 0:
             drop_metrics_after(self._run_dir, resumed.position.step)
-        step, epoch, skip = resumed.position.step, resumed.position.epoch, resumed.position.batch
-        if skip >= batches_per_epoch:  # saved at the end of an epoch
-            epoch, skip = epoch + 1, 0
-        print(f"resumed from {resumed.path} at step {step} (epoch {epoch}, batch {skip})", flush=True)
-        return Start(step, epoch, skip, resumed.rng, resumed)
+        position = resumed.position
+        step, epoch = position.step, position.epoch
+        offset = position.samples if position.samples is not None else position.batch * samples_per_batch
+        rng = resumed.rng
+        if batches_left(offset) == 0:  # saved at the end of an epoch
+            epoch, offset = epoch + 1, 0
+        world = f", {position.world_size} ranks then" if position.world_size not in (None, self._world) else ""
+        print(f"resumed from {resumed.path} at step {step} (epoch {epoch}, sample {offset}{world})", flush=True)
+        return Start(step, epoch, offset, rng, resumed)
 
-    def after_step(self, step: int, epoch: int, batch: int, mean_loss: Callable[[], float], last: bool) -> bool:
+    def after_step(self, step: int, epoch: int, batch: int, mean_loss: Callable[[], float], last: bool,
+                   samples: Optional[int] = None) -> bool:
         """Save when due; True when the ranks agreed to stop (a signal arrived on any of them).
 
         mean_loss is collective too, and called only when saving (it synchronises the device).
+        samples: the epoch's samples all ranks together consumed (Position.samples).
         """
         time_due = self._rank == 0 and self._every_s > 0 and time.monotonic() - self._last_at >= self._every_s
         if time_due:
@@ -96,7 +105,7 @@ class Checkpointer:
         probe_due = self._auto and self._probe_due(step)
         if stop or time_due or step_due or last or probe_due:
             started = time.monotonic()
-            self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id()))
+            self.save(Position(step, epoch, batch, mean_loss(), self._wandb_run_id(), samples, self._world))
             if probe_due:
                 self._choose_interval(step, started, time.monotonic() - started)
         return stop
@@ -182,17 +191,16 @@ def drop_metrics_after(run_dir: Optional[Path], step: int) -> None:
     safefs.replace(str(tmp), str(path), root=str(run_dir))
 
 
-def open_epoch(loader: DataLoader, skip: int, rng: Optional[dict]) -> Iterator[Any]:
-    """The epoch's batches from batch `skip` on, with the RNG states exactly as the saved run had them there.
+def open_epoch(loader: DataLoader, mid_epoch: bool, rng: Optional[dict]) -> Iterator[Any]:
+    """The epoch's batches (its sampler set to start where the saved run stood), with the RNG states exactly as
+    the saved run had them there.
 
     Creating a DataLoader iterator draws from torch's RNG, so the saved states are restored at the
-    point they were captured: before the iterator for an epoch boundary, after skipping otherwise.
+    point they were captured: before the iterator for an epoch boundary, after it mid-epoch.
     """
-    if rng is not None and skip == 0:
+    if rng is not None and not mid_epoch:
         restore_rng(rng)
     batches = iter(loader)
-    if skip:
-        next(itertools.islice(batches, skip - 1, skip), None)  # consume `skip` batches
-        if rng is not None:
-            restore_rng(rng)
+    if rng is not None and mid_epoch:
+        restore_rng(rng)
     return batches

@@ -54,12 +54,17 @@ class Position:
     batch: int  # batches of that epoch already consumed
     loss: float = 0.0  # the last step's mean loss, so a run resumed at its end still reports it
     wandb_run_id: Optional[str] = None  # so a resumed run logs into the same W&B run
+    # the epoch's samples consumed by all ranks together: where a job of another world size (elastic
+    # membership) picks the epoch up, none dropped or repeated; None in checkpoints from before it was kept
+    samples: Optional[int] = None
+    world_size: Optional[int] = None  # the job's ranks when it was saved: the RNG states are per rank
 
 
 @dataclass(frozen=True)
 class Resume:
     position: Position
-    rng: Dict[str, Any]  # this rank's RNG states, for restore_rng at the resumed data position
+    rng: Optional[Dict[str, Any]]  # this rank's RNG states, for restore_rng at the resumed data position (None: the
+    # checkpoint is of another world size)
     path: Path
 
 
@@ -189,8 +194,10 @@ def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.O
         return None
     path = Path(chosen[0])
     rank_file = path / f"rank-{_rank()}.pt"
+    if not rank_file.is_file():  # a job grown since (elastic): the position is every rank's, so rank 0's serves
+        rank_file = path / "rank-0.pt"
     if not rank_file.is_file():
-        raise CheckpointError(f"{path} has no {rank_file.name}: it was written by a job with another world size")
+        raise CheckpointError(f"{path} has no rank-0.pt: it is incomplete or not a checkpoint of this trainer")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     try:
@@ -199,7 +206,11 @@ def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.O
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         raise CheckpointError(f"cannot load {path}: {_root_message(e)}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return Resume(position=Position(**payload["position"]), rng=payload["rng"], path=path)
+    position = Position(**payload["position"])
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    same_world = position.world_size in (None, world) and rank_file.name == f"rank-{_rank()}.pt"
+    # another world size: these RNG states were another rank's (the data order needs none: it is seeded per epoch)
+    return Resume(position=position, rng=payload["rng"] if same_world else None, path=path)
 
 
 def _root_message(error: BaseException) -> str:

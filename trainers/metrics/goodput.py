@@ -12,14 +12,15 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from launcher.runtime import formatting, safefs
 
 from ..faults.diskspace import disk_full, full_while_writing
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
-CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "recompute", "hang", "shutdown")
+# membership: an elastic job re-forming after a node left or joined (its re-rendezvous and restart), not a failure's
+CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "membership", "recompute", "hang", "shutdown")
 # What an attempt does before its first step, each phase ending at the mark of its name (GoodputClock.mark):
 # up to the worker's code running (launcher, rendezvous, fork; re-rendezvous and re-fork on a restart), its
 # process group, building model, data and optimizer, loading the newest checkpoint, then the first step's start.
@@ -149,7 +150,8 @@ def _attempts(run_dir: Path, key: str, kind: str) -> Dict[int, Dict[str, Any]]:
 
 
 def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], failures: Dict[int, Dict[str, Any]],
-            status: str, phases: Optional[Dict[str, Dict[str, float]]] = None) -> Dict[str, float]:
+            status: str, phases: Optional[Dict[str, Dict[str, float]]] = None,
+            changes: Sequence[float] = ()) -> Dict[str, float]:
     """Seconds of one launch by cause, plus "good": they add up to ended - started by construction.
 
     One cursor walks the timeline: before an attempt's first step is start-up (no step yet) or restart;
@@ -158,6 +160,8 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
     job hung), and an attempt that failed before any step lost its whole start (restart, or start-up
     before the job's first step); after the last attempt is shutdown (hang for a hung job).
     phases: {"startup": {...}, "restart": {...}} to add the start of each attempt that stepped to, by PHASES.
+    changes: when an elastic job's membership changed (membership_changes): a restart that re-formed the job
+    then is membership time, not restart time.
     """
     seconds = {cause: 0.0 for cause in CAUSES}
     seconds["good"] = 0.0
@@ -168,9 +172,10 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
         first, until = record.get("first_step_at"), record.get("active_until")
         ran = first is not None and until is not None and first >= cursor
         if ran:
-            seconds["restart" if stepped else "startup"] += first - cursor
+            restart = "membership" if any(cursor <= t <= first for t in changes) else "restart"
+            seconds[restart if stepped else "startup"] += first - cursor
             if phases is not None:
-                _split(phases["restart" if stepped else "startup"], cursor, first, record.get("marks") or {})
+                _split(phases.setdefault(restart if stepped else "startup", {}), cursor, first, record.get("marks") or {})
             stepped = True
             loop = until - first
             block = float(record.get("block_s", 0.0))
@@ -230,8 +235,10 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: st
         return {}
     path = Path(run_dir)
     key = launch_key(started)
-    phases: Dict[str, Dict[str, float]] = {"startup": {}, "restart": {}}
-    seconds = account(started, ended, _attempts(path, key, "attempt"), _attempts(path, key, "failure"), status, phases)
+    phases: Dict[str, Dict[str, float]] = {"startup": {}, "restart": {}, "membership": {}}
+    changes = membership_changes(path, started)
+    seconds = account(started, ended, _attempts(path, key, "attempt"), _attempts(path, key, "failure"), status, phases,
+                      [float(c["at"]) for c in changes if c.get("at") is not None])
     wall, launches = ended - started, 1
     previous = previous_totals(path, started)
     if previous is not None:
@@ -252,7 +259,23 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: st
         "badput_phases_s": {cause: {k: round(v, 4) for k, v in split.items()} for cause, split in phases.items()},
         "goodput_wall_s": round(wall, 4),
         "goodput_launches": launches,
+        **({"membership_changes": changes} if changes else {}),
     }
+
+
+def membership_changes(run_dir: Path, started: float) -> List[Dict[str, Any]]:
+    """An elastic job's membership changes in this launch, oldest first: [{at, round, left, joined, nodes,
+    world_size}], from the node agents' records of each rendezvous round (launcher.agent.membership)."""
+    rounds = [r for r in _attempts(run_dir, launch_key(started), "round").values() if isinstance(r.get("nodes"), list)]
+    rounds.sort(key=lambda r: (int(r.get("round", 0)), float(r.get("at", 0))))
+    changes = []
+    for before, after in zip(rounds, rounds[1:]):
+        left = sorted(set(before["nodes"]) - set(after["nodes"]))
+        joined = sorted(set(after["nodes"]) - set(before["nodes"]))
+        if left or joined:
+            changes.append({"at": after.get("at"), "round": after.get("round"), "left": left, "joined": joined,
+                            "nodes": len(after["nodes"]), "world_size": after.get("world_size")})
+    return changes
 
 
 def format_goodput(figures: Dict[str, Any]) -> str:

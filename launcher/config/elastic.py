@@ -1,0 +1,77 @@
+"""Elastic membership (`--nodes MIN:MAX`, torchrun's `--nnodes MIN:MAX`): parsing, its rules, and torch's
+rendezvous options (torchrun's `--rdzv-conf`).
+
+Pure functions over the config. An elastic job starts once MIN nodes have joined torch's c10d rendezvous,
+admits up to MAX, and re-forms without a lost node while at least MIN remain (docs/several-machines.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+from launcher.errors import ConfigError
+
+# torch's dynamic rendezvous options a user may set (torchrun's --rdzv-conf), with what each holds
+RDZV_CONF_KEYS = {
+    "join_timeout": "seconds a node waits for the rendezvous to form (default: rdzv.timeout_s)",
+    "last_call_timeout": "seconds the rendezvous waits for more nodes once MIN have joined (torch: 30)",
+    "close_timeout": "seconds to close the rendezvous (torch: 30)",
+    "heartbeat": "seconds between heartbeats (torch: 5)",
+    "keep_alive_interval": "seconds between a node's keep-alives (torch: 5)",
+    "keep_alive_max_attempt": "missed keep-alives before a node counts as lost (torch: 3)",
+    "read_timeout": "seconds a store read may take (torch: 60)",
+}
+
+
+def parse_nodes(text: str) -> Tuple[int, int]:
+    """'2' -> (2, 2); '1:4' -> (1, 4), as torchrun's --nnodes; a ConfigError naming the form otherwise."""
+    low, sep, high = text.strip().partition(":")
+    try:
+        pair = (int(low), int(high)) if sep else (int(low), int(low))
+    except ValueError:
+        raise ConfigError(f"--nodes expects a whole number N, or MIN:MAX for an elastic job, got '{text}': "
+                          "e.g. --nodes 2 or --nodes 1:4") from None
+    if sep and not 1 <= pair[0] <= pair[1]:  # a single N is range-checked with the config (nodes)
+        raise ConfigError(f"--nodes {text}: MIN:MAX needs 1 <= MIN <= MAX, e.g. --nodes 1:4")
+    return pair
+
+
+def nodes_overrides(text: str) -> Tuple[str, str]:
+    """The config overrides `--nodes TEXT` stands for: `--nodes N` is N:N, a fixed membership."""
+    low, high = parse_nodes(text)
+    return f"nodes={high}", f"min_nodes={low}"
+
+
+def min_nodes(cfg: Any) -> int:
+    return cfg.nodes if cfg.min_nodes is None else cfg.min_nodes
+
+
+def is_elastic(cfg: Any) -> bool:
+    return min_nodes(cfg) < cfg.nodes
+
+
+def shown(cfg: Any) -> str:
+    """How the command line spells the membership: '2', or '1:2' for an elastic one."""
+    return f"{min_nodes(cfg)}:{cfg.nodes}" if is_elastic(cfg) else str(cfg.nodes)
+
+
+def check_elastic(cfg: Any) -> None:
+    """MIN in 1..MAX, torch's options known, and an elastic job on the one rendezvous that can re-form: c10d."""
+    for key in cfg.rdzv.conf:
+        if key not in RDZV_CONF_KEYS:
+            raise ConfigError(f"rdzv.conf.{key} is not a rendezvous option: use one of {', '.join(RDZV_CONF_KEYS)}")
+    if cfg.min_nodes is not None and not 1 <= cfg.min_nodes <= cfg.nodes:
+        raise ConfigError(f"min_nodes={cfg.min_nodes} must be in 1..{cfg.nodes} (--nodes MIN:MAX, e.g. --nodes 1:{cfg.nodes})")
+    if not is_elastic(cfg):
+        return
+    if cfg.rdzv.node_rank is not None or cfg.rdzv.master_addr:
+        raise ConfigError(f"--nodes {shown(cfg)} (elastic) needs the c10d rendezvous, which re-forms when nodes leave or "
+                          "join: use --rdzv-endpoint HOST:PORT --rdzv-id ID on every node instead of --master-addr/--node-rank")
+    if cfg.cluster != "local":
+        raise ConfigError(f"--nodes {shown(cfg)} (elastic) is not supported with --cluster {cfg.cluster}, which allocates "
+                          f"a fixed set of nodes: use --nodes {cfg.nodes}")
+
+
+def rdzv_options(conf: Dict[str, Any]) -> Dict[str, Any]:
+    """The user's rendezvous options as torch reads them (it parses strings itself)."""
+    return {key: value for key, value in conf.items() if key in RDZV_CONF_KEYS}

@@ -1,0 +1,139 @@
+"""Elastic membership (--nodes MIN:MAX): a job that loses a node goes on without it, with the data split following.
+
+Real processes: simulated nodes on this machine (c10d rendezvous, its store held by the launcher), gloo,
+the quick model. A node agent is killed by its pid while its rank hangs at a known step.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import psutil
+import pytest
+
+from tests.helpers import QUIET, communicate_bounded, launcher_env, only_run_dir, read_summary, run_launcher
+
+pytestmark = pytest.mark.timeout(300)
+
+# re-form fast: a lost node counts as gone after 5 missed 1 s keep-alives; both nodes join the first round (MAX) if they
+# start within 10 s of each other, and after the loss the one left waits 10 s for others before it goes on alone
+FAST_RDZV = ["--rdzv-conf", "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5"]
+
+
+def test_nodes_min_max_parses_into_the_config():
+    from launcher.config.elastic import parse_nodes
+    from launcher.config.schema import load_config
+
+    assert parse_nodes("2") == (2, 2) and parse_nodes("1:4") == (1, 4)
+    cfg = load_config(None, ["nodes=2", "min_nodes=1"])
+    assert (cfg.min_nodes, cfg.nodes) == (1, 2)
+
+
+def test_sampler_resplits_an_epoch_at_its_global_offset():
+    """Two ranks read 10 batches of 4, then one rank reads the rest: every sample once, in the epoch's order."""
+    import torch
+
+    from launcher.trainers.data import ResumableSampler
+
+    data = torch.utils.data.TensorDataset(torch.arange(200))
+    two = [ResumableSampler(data, 2, r, seed=3) for r in range(2)]
+    for s in two:
+        s.set_epoch(5)
+    plain = torch.utils.data.DistributedSampler(data, 2, 0, seed=3, drop_last=True)
+    plain.set_epoch(5)
+    assert list(two[0]) == list(plain), "from an epoch's start it deals as DistributedSampler does"
+    before = [i for step in range(10) for s in two for i in list(s)[step * 4:(step + 1) * 4]]
+    one = ResumableSampler(data, 1, 0, seed=3)
+    one.set_epoch(5, start=80)
+    after = list(one)
+    assert len(before) == 80 and len(after) == 120
+    assert sorted(before + after) == list(range(200)), "a sample was dropped or repeated across the change"
+    assert set(before) == set(one.order()[:80])
+
+
+def test_elastic_with_a_static_rendezvous_is_refused_in_one_line(tmp_path):
+    result = run_launcher(["--nodes", "1:2", "--gpus", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                           f"output_dir={tmp_path}", *QUIET], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--rdzv-endpoint" in lines[0] and "1:2" in lines[0], result.stderr
+
+
+def _node_agent_of(pid: int) -> psutil.Process:
+    """The simulated node agent (python -m launcher.backends.node) a worker runs under."""
+    proc = psutil.Process(pid)
+    while proc is not None:
+        if "launcher.backends.node" in " ".join(proc.cmdline()):
+            return proc
+        proc = proc.parent()
+    raise AssertionError(f"no node agent above pid {pid}")
+
+
+def _wait_for_hang(run_dir_parent: Path, rank: int, deadline: float, launcher: subprocess.Popen) -> int:
+    """The pid rank `rank` printed as it hung (the fault injection's line)."""
+    while time.monotonic() < deadline and launcher.poll() is None:
+        for log in run_dir_parent.glob(f"*/logs/rank-{rank}.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith(f"injected hang on rank {rank}"):
+                    return int(line.rsplit("pid ", 1)[1])
+        time.sleep(0.3)
+    raise AssertionError(f"rank {rank} never reached its injected hang")
+
+
+def _kept_steps(run_dir: Path) -> Dict[int, List[int]]:
+    """{step: the indices every rank trained on}, each step from the last attempt that ran it (a restart redoes
+    the steps after its checkpoint: the earlier attempt's are lost work, not progress)."""
+    by_attempt: Dict[int, Dict[int, List[int]]] = {}
+    epochs: Dict[int, int] = {}
+    for path in (run_dir / "shards").glob("seen-*-rank-*.jsonl"):
+        attempt = int(path.name.split("-")[1])
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            by_attempt.setdefault(attempt, {}).setdefault(row["step"], []).extend(row["indices"])
+            epochs[row["step"]] = row["epoch"]
+    kept: Dict[int, List[int]] = {}
+    for attempt in sorted(by_attempt):
+        resumed_after = min(by_attempt[attempt]) - 1
+        kept = {s: v for s, v in kept.items() if s <= resumed_after}
+        kept.update(by_attempt[attempt])
+    return {s: v for s, v in kept.items() if epochs[s] == 0}
+
+
+@pytest.mark.slow
+def test_simulated_job_loses_a_node_and_completes_on_the_other(tmp_path):
+    steps = 60
+    args = [sys.executable, "-m", "launcher", "--nodes", "1:2", "--gpus", "1", "--max-restarts", "1", *FAST_RDZV,
+            f"output_dir={tmp_path}", f"trainer.steps={steps}", "checkpoint.every_steps=5", "trainer.log_every=5",
+            "data.record_shards=true", "watchdog.timeout_s=0", *QUIET]
+    env = launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=12,action=hang"})
+    launcher = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    try:
+        hung = _wait_for_hang(tmp_path, 1, time.monotonic() + 150, launcher)
+        node = _node_agent_of(hung)
+        os.kill(node.pid, signal.SIGKILL)  # the machine of rank 1 is gone
+        out, err = communicate_bounded(launcher, 200, "elastic launcher")
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, err
+    assert "the job goes on without it" in err
+    run_dir = only_run_dir(tmp_path)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == steps
+    assert (summary["world_size"], summary["nodes"], summary["restarts"]) == (1, 1, 1)
+    [change] = summary["membership_changes"]
+    assert len(change["left"]) == 1 and change["joined"] == [] and (change["nodes"], change["world_size"]) == (1, 1)
+    assert change["left"][0].endswith(f":{node.pid}")
+    assert summary["badput_s"]["membership"] > 0
+    # the epoch that spans the change: every sample exactly once (10 steps of 2 x 16, then 44 of 16)
+    epoch0 = [i for indices in _kept_steps(run_dir).values() for i in indices]
+    assert len(epoch0) == len(set(epoch0)), "a sample was repeated in the epoch that spans the change"
+    assert sorted(epoch0) == list(range(1024)), "a sample was dropped in the epoch that spans the change"
+    assert "resumed from" in (run_dir / "logs" / "rank-0.attempt-1.log").read_text()
