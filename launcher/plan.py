@@ -19,7 +19,7 @@ from launcher.errors import ConfigError
 from launcher.config.features import check_device_features
 from launcher.runtime import env as names
 from launcher.config.rendezvous import launch_mode, rendezvous_fields
-from launcher.config.elastic import min_nodes
+from launcher.config.elastic import is_elastic, min_nodes
 
 # CPU workers one machine may run: several per core is a fair test of a multi-GPU job's logic;
 # thousands are a typo (--gpus 4000 for 4) that would fork until memory runs out.
@@ -171,6 +171,10 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         check_cpu_workers(cfg, hw, workers)
         notices.append(f"no CUDA device: running {job_workers(cfg.nodes, workers)} with gloo")
     notices.extend(check_device_features(cfg, device_type))
+    if is_elastic(cfg) and cfg.launcher.max_restarts == 0:
+        notices.append(f"--nodes {cfg.min_nodes}:{cfg.nodes} with --max-restarts 0: a lost node ends the job (as with "
+                       "torchrun, re-forming without it restarts the workers, and that counts): set --max-restarts K "
+                       "to go on after K losses")
     if workers != cfg.gpus:
         devices = f"its {cfg.gpus} GPUs" if device_type == "cuda" else "the one CPU device (no GPU here)"
         notices.append(f"trainer.strategy={cfg.trainer.strategy} runs 1 process per node driving {devices}")

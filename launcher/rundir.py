@@ -26,7 +26,7 @@ from launcher.provenance import capture
 from launcher.runtime import formatting, safefs
 from launcher.steps.records import read_records
 from launcher.steps.rows import summary_figures
-from launcher.trainers.metrics.goodput import format_goodput, job_goodput
+from launcher.trainers.metrics.goodput import format_goodput, job_goodput, membership_changes
 from launcher.worker.progress import STEPS_DIR
 
 SUMMARY_KEYS = (
@@ -166,11 +166,13 @@ def job_figures(run_dir: Path, base: Dict[str, Any], started: float, ended: floa
     """Steps, throughput, first step and goodput: the built-in trainer's from its goodput records (its own figures
     come with rank 0's result), a script's from its workers' step records (launcher.steps)."""
     if base.get("model"):
-        return job_goodput(str(run_dir), started, ended, status)
+        return job_goodput(str(run_dir), started, ended, status)  # membership changes included
     if base.get("script") is None:
         return {}
     records = read_records(run_dir)
-    figures = summary_figures(records, started, MetricsConfig.straggler_fraction)
+    changes = membership_changes(run_dir, started)  # an elastic job's, with or without optimizer steps
+    figures = {**summary_figures(records, started, MetricsConfig.straggler_fraction),
+               **({"membership_changes": changes} if changes else {})}
     if "steps" in figures:
         figures.update(job_goodput(str(run_dir), started, ended, status))
     return figures

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(300)
 
 # re-form fast: a lost node counts as gone after 5 missed 1 s keep-alives; both nodes join the first round (MAX) if they
 # start within 10 s of each other, and after the loss the one left waits 10 s for others before it goes on alone
+LOST_RANK = 0  # the node with rank 0 goes: the other node's rank becomes rank 0 and writes the summary
 FAST_RDZV = ["--rdzv-conf", "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5"]
 
 
@@ -110,13 +111,13 @@ def test_simulated_job_loses_a_node_and_completes_on_the_other(tmp_path):
     args = [sys.executable, "-m", "launcher", "--nodes", "1:2", "--gpus", "1", "--max-restarts", "1", *FAST_RDZV,
             f"output_dir={tmp_path}", f"trainer.steps={steps}", "checkpoint.every_steps=5", "trainer.log_every=5",
             "data.record_shards=true", "watchdog.timeout_s=0", *QUIET]
-    env = launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=12,action=hang"})
+    env = launcher_env({"LAUNCHER_INJECT_FAULT": f"rank={LOST_RANK},step=12,action=hang"})
     launcher = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
     try:
-        hung = _wait_for_hang(tmp_path, 1, time.monotonic() + 150, launcher)
+        hung = _wait_for_hang(tmp_path, LOST_RANK, time.monotonic() + 150, launcher)
         node = _node_agent_of(hung)
-        os.kill(node.pid, signal.SIGKILL)  # the machine of rank 1 is gone
+        os.kill(node.pid, signal.SIGKILL)  # the machine of that rank is gone
         out, err = communicate_bounded(launcher, 200, "elastic launcher")
     finally:
         if launcher.poll() is None:
@@ -137,3 +138,48 @@ def test_simulated_job_loses_a_node_and_completes_on_the_other(tmp_path):
     assert len(epoch0) == len(set(epoch0)), "a sample was repeated in the epoch that spans the change"
     assert sorted(epoch0) == list(range(1024)), "a sample was dropped in the epoch that spans the change"
     assert "resumed from" in (run_dir / "logs" / "rank-0.attempt-1.log").read_text()
+
+
+SCRIPT = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world, attempt = dist.get_rank(), dist.get_world_size(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+with open(os.path.join(sys.argv[1], f"attempt-{attempt}-rank-{rank}.json"), "w") as f:
+    json.dump({"world": world, "pid": os.getpid(), "env_world": int(os.environ["WORLD_SIZE"])}, f)
+for _ in range(600 if attempt == 0 else 3):  # the first attempt runs until a node is lost
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_is_restarted_on_the_nodes_left_with_the_restart_count(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [sys.executable, "-m", "launcher", "--nodes", "1:2", "--gpus", "1", "--max-restarts", "1", *FAST_RDZV,
+            f"output_dir={tmp_path / 'runs'}", "watchdog.timeout_s=0", "train.py", str(out)]
+    launcher = subprocess.Popen(args, cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not (out / "attempt-0-rank-1.json").exists() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.3)
+        first = json.loads((out / "attempt-0-rank-1.json").read_text())
+        assert first["world"] == 2
+        os.kill(_node_agent_of(first["pid"]).pid, signal.SIGKILL)
+        _, err = communicate_bounded(launcher, 200, "elastic launcher")
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, err
+    again = json.loads((out / "attempt-1-rank-0.json").read_text())  # TORCHELASTIC_RESTART_COUNT=1, as torchrun
+    assert again["world"] == again["env_world"] == 1
+    assert not (out / "attempt-1-rank-1.json").exists()
+    summary = read_summary(only_run_dir(tmp_path / "runs"))
+    assert summary["status"] == "completed" and summary["restarts"] == 1
+    assert [c["world_size"] for c in summary.get("membership_changes", [])] == [1]

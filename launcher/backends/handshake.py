@@ -229,11 +229,12 @@ class NodeHandshake:
         """
         try:
             found: List[Dict[str, Any]] = [self._record]
-            if holds_rank0 and self.plan.elastic:  # the nodes of the last round, each placed when its workers started
-                found = current_round(self._collect(min(nodes, self.store.add("placed", 0)), FAILED_PLACEMENT_WAIT_S),
-                                      self._record)
-            elif holds_rank0:
-                found = self._collect(nodes, PLACEMENT_WAIT_S)
+            if holds_rank0:
+                if self.plan.elastic:  # the nodes of the last round, each placed when its workers started
+                    placed = min(nodes, self.store.add("placed", 0))
+                    found = current_round(self._collect(placed, FAILED_PLACEMENT_WAIT_S), self._record)
+                else:
+                    found = self._collect(nodes, PLACEMENT_WAIT_S)
                 self.store.set("collected", "1")
             elif self.is_host:
                 self._wait_key("collected")
