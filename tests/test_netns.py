@@ -7,11 +7,13 @@ otherwise. The namespaces are removed even when the test fails.
 
 import os
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
-from tests.helpers import QUICK, finish_all, only_run_dir, read_summary, start_launcher
+from tests.helpers import QUICK, finish_all, kill_group, only_run_dir, read_summary, start_launcher
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
 HEAD, OTHER = "10.77.0.1", "10.77.0.2"
@@ -71,3 +73,41 @@ def test_two_namespaces_train_across_a_network_interface(tmp_path, two_hosts):
     # each global rank's log lies on the machine that ran it
     assert sorted(p.name for p in (head / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
     assert sorted(p.name for p in (other / "logs").glob("rank-*.log")) == ["rank-2.log", "rank-3.log"]
+
+
+@pytest.mark.timeout(300)
+def test_elastic_job_across_namespaces_loses_the_other_host_and_completes(tmp_path, two_hosts):
+    """--nodes 1:2 on c10d across a real interface: the host without the rendezvous store is lost (its launcher,
+    the node agent, killed by pid while its rank hangs at step 12); the head re-forms alone and finishes."""
+    shared = tmp_path / "ckpt"  # the checkpoint on storage both hosts reach, as on a cluster
+    common = ["--nodes", "1:2", "--gpus", "1", "--max-restarts", "1", "--rdzv-endpoint", f"{HEAD}:29557",
+              "--rdzv-id", "elastic", "--rdzv-conf", "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5",
+              "trainer.steps=30", "checkpoint.every_steps=5", f"checkpoint.dir={shared}", "watchdog.timeout_s=0",
+              "data.record_shards=true", *QUICK, "wandb.mode=disabled"]
+    procs = [start_launcher([*common, f"output_dir={tmp_path / name}"], tmp_path, prefix=["ip", "netns", "exec", ns],
+                            env={"LAUNCHER_INJECT_FAULT": "rank=1,step=12,action=hang"})
+             for ns, name in zip(two_hosts, ("head", "other"))]
+    log = tmp_path / "other" / "job-elastic" / "logs" / "rank-1.log"  # rank 1: the second node by address
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and procs[1].poll() is None and "injected hang" not in _text(log):
+        time.sleep(0.3)
+    if "injected hang" in _text(log):
+        os.kill(procs[1].pid, signal.SIGKILL)  # `ip netns exec` execs: the other host's launcher, its node agent
+    else:
+        for proc in procs:
+            kill_group(proc)
+    outs = finish_all(procs, timeout=200)
+    assert "injected hang" in _text(log), f"rank 1 never reached its injected hang on the other host: {outs}"
+    assert procs[0].returncode == 0, outs[0]
+    summary = read_summary(tmp_path / "head" / "job-elastic")
+    assert summary["status"] == "completed" and summary["steps"] == 30 and summary["restarts"] == 1
+    assert (summary["world_size"], summary["nodes"]) == (1, 1)
+    [change] = summary["membership_changes"]
+    assert change["left"] == [f"{OTHER}:{procs[1].pid}"] and change["world_size"] == 1
+
+
+def _text(path):
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

@@ -84,6 +84,24 @@ def require_free_port(port: int) -> None:
 
 
 def is_local(host: str) -> bool:
+    """Whether host is this machine. torch's test compares it with the host name's addresses only, and misses
+    an address on another interface (a second NIC, or a network namespace whose host name resolves to loopback):
+    such a node never hosted the c10d rendezvous and waited for itself; an address we can bind to is ours."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
-    return bool(_matches_machine_hostname(host))
+    return bool(_matches_machine_hostname(host)) or _can_bind(host)
+
+
+def _can_bind(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, address in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(address)
+                return True
+            except OSError:
+                continue
+    return False
