@@ -122,9 +122,6 @@ def build_parser() -> RunParser:
                         "nodes may run different worker counts (e.g. --gpus 1 on one node, --gpus 2 on another)")
     p.add_argument("--rdzv-id", metavar="ID", help="rendezvous and run id shared by all nodes of one job "
                                                    "(default: derived from the address and port)")
-    p.add_argument("--rdzv-conf", metavar="K=V,...",
-                   help="torch's rendezvous options, as torchrun's --rdzv-conf (rdzv.conf), e.g. "
-                        "last_call_timeout=10,keep_alive_interval=2")
     p.add_argument("--rdzv-secret-file", metavar="PATH",
                    help="a file holding the job's secret, the same on every machine: the nodes sign what they share "
                         "at the rendezvous with it (default: $LAUNCHER_RDZV_SECRET; SLURM jobs get one)")
@@ -156,15 +153,6 @@ def nodes_flag(text: str) -> str:
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
-
-
-def rdzv_conf_overrides(text: str) -> List[str]:
-    """`--rdzv-conf a=1,b=2` -> rdzv.conf.a=1, rdzv.conf.b=2 (torchrun's syntax)."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    bad = [item for item in items if "=" not in item]
-    if bad:
-        raise ConfigError(f"--rdzv-conf {text}: '{bad[0]}' is not KEY=VALUE: write e.g. --rdzv-conf last_call_timeout=10")
-    return [f"rdzv.conf.{item}" for item in items]
 
 
 def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[str], List[str]]:
@@ -211,8 +199,6 @@ def config_overrides(args: argparse.Namespace) -> List[str]:
     overrides = list(args.overrides)
     if args.nodes is not None:
         overrides.extend(nodes_overrides(args.nodes))
-    if args.rdzv_conf is not None:
-        overrides.extend(rdzv_conf_overrides(args.rdzv_conf))
     for flag, key in (("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
                       ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"), ("cluster", "cluster"),
                       ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),

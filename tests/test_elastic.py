@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 # re-form fast: a lost node counts as gone after 5 missed 1 s keep-alives; both nodes join the first round (MAX) if they
 # start within 10 s of each other, and after the loss the one left waits 10 s for others before it goes on alone
 LOST_RANK = 0  # the node with rank 0 goes: the other node's rank becomes rank 0 and writes the summary
-FAST_RDZV = ["--rdzv-conf", "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5"]
+FAST_RDZV = ["rdzv.conf.last_call_timeout=10", "rdzv.conf.keep_alive_interval=1", "rdzv.conf.keep_alive_max_attempt=5"]
 
 
 def test_nodes_min_max_parses_into_the_config():

@@ -81,7 +81,8 @@ def test_elastic_job_across_namespaces_loses_the_other_host_and_completes(tmp_pa
     the node agent, killed by pid while its rank hangs at step 12); the head re-forms alone and finishes."""
     shared = tmp_path / "ckpt"  # the checkpoint on storage both hosts reach, as on a cluster
     common = ["--nodes", "1:2", "--gpus", "1", "--max-restarts", "1", "--rdzv-endpoint", f"{HEAD}:29557",
-              "--rdzv-id", "elastic", "--rdzv-conf", "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5",
+              "--rdzv-id", "elastic", "rdzv.conf.last_call_timeout=10",
+              "rdzv.conf.keep_alive_interval=1", "rdzv.conf.keep_alive_max_attempt=5",
               "trainer.steps=30", "checkpoint.every_steps=5", f"checkpoint.dir={shared}", "watchdog.timeout_s=0",
               "data.record_shards=true", *QUICK, "wandb.mode=disabled"]
     procs = [start_launcher([*common, f"output_dir={tmp_path / name}"], tmp_path, prefix=["ip", "netns", "exec", ns],

@@ -132,13 +132,12 @@ def test_a_mapped_line_parses_into_the_launchers_config_overrides():
 
 
 @pytest.mark.parametrize("line, message", [
-    ("--nnodes 1:2", "elastic membership (--nnodes MIN:MAX) is not supported yet"),
     ("--nnodes 2:1", "need 0 < MIN <= MAX"),
     ("--nproc-per-node gpu", "no CUDA device here"),
     ("--nproc-per-node xpu", "xpu"),
     ("--rdzv-backend etcd-v2 --rdzv-endpoint h:2379", "static or c10d"),
     ("--rdzv-backend c10d", "needs --rdzv-endpoint"),
-    ("--rdzv-conf read_timeout=5", "join_timeout or timeout"),
+    ("--rdzv-conf bogus=5", "not a rendezvous option here"),
     ("--standalone --nnodes 2", "--standalone is one machine"),
     ("--no-python", "--no-python"), ("--no_python", "--no-python"), ("--virtual-local-rank", "LOCAL_RANK"),
     ("--local-addr 10.0.0.2", "loopback only"),
@@ -154,19 +153,20 @@ def test_what_cannot_mean_the_same_is_refused_in_one_line(line, message):
     assert "\n" not in str(refused.value)
 
 
-def test_elastic_ranges_are_one_switch_away(monkeypatch):
-    monkeypatch.setattr(torchrun_flags, "ELASTIC_NNODES", True)
-    assert torchrun_flags.nnodes("1:3") == 3
+def test_elastic_ranges_become_the_launchers_nodes_range():
+    line = mapped("--nnodes 1:3 --rdzv-backend c10d --rdzv-endpoint h:29400 --rdzv-conf last_call_timeout=5 t.py")
+    assert line[line.index("--nodes") + 1] == "1:3" and "rdzv.conf.last_call_timeout=5" in line
+    args, _ = parse_args(line)
+    assert args.nodes == "1:3"
 
 
 def test_a_refused_flag_ends_the_launcher_with_one_line_exit_2_and_no_run_directory(tmp_path):
     runs = tmp_path / "runs"
-    done = run_launcher(["--nnodes", "1:2", "--nproc-per-node", "2", f"output_dir={runs}", "t.py"], cwd=tmp_path,
+    done = run_launcher(["--no-python", "--nproc-per-node", "2", f"output_dir={runs}", "t.py"], cwd=tmp_path,
                         timeout=60)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "error: elastic membership (--nnodes MIN:MAX) is not supported yet: --nnodes 1:2 asks for 1 to 2 nodes; "
-        "give a fixed count, e.g. --nnodes 2"]
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: torchrun's --no-python has no counterpart here: ")
     assert not runs.exists()
 
 

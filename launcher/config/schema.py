@@ -115,9 +115,7 @@ class RendezvousConfig:
     # it, LAUNCHER_RDZV_SECRET. Only the path is recorded: the secret is read by the node agent.
     secret_file: Optional[str] = None
     local_addr: Optional[str] = None  # this node's address towards the others (torchrun's --local-addr); None = the interface reaching the rendezvous
-    # torch's rendezvous options (torchrun's --rdzv-conf K=V,...; launcher/config/elastic.py), e.g.
-    # {last_call_timeout: 30, keep_alive_interval: 5, keep_alive_max_attempt: 3}: how fast an elastic job re-forms
-    conf: Dict[str, Any] = field(default_factory=dict)
+    conf: Dict[str, Any] = field(default_factory=dict)  # torch's rendezvous options, e.g. last_call_timeout (config/elastic.py)
 
 
 @dataclass
@@ -183,9 +181,7 @@ class ScriptConfig:
 @dataclass
 class Config:
     nodes: int = 1  # number of nodes (machines); with min_nodes below it, the most an elastic job admits
-    # elastic membership (--nodes MIN:MAX, docs/several-machines.md): the job starts once this many nodes have
-    # joined and goes on while at least this many remain; None = nodes (a fixed membership)
-    min_nodes: Optional[int] = None
+    min_nodes: Optional[int] = None  # elastic (--nodes MIN:MAX): starts with, and goes on while, this many; None = nodes
     gpus: int = 1  # worker processes per node: one per GPU, or CPU workers without CUDA
     seed: int = 0  # seeds every RNG (model init from seed, data order from seed and rank)
     output_dir: str = "launcher_runs"  # each run gets <output_dir>/<run_id>/ (not runs/: TensorBoard's default)

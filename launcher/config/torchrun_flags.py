@@ -12,13 +12,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
+from launcher.config.elastic import RDZV_CONF_KEYS, parse_nodes
 from launcher.config.inputs import OVERRIDE
 from launcher.config.rendezvous import split_endpoint
 from launcher.errors import ConfigError
 
-# Elastic membership (--nnodes MIN:MAX, MIN < MAX). The one switch the elastic work turns on: with it True, a range
-# becomes `--nodes MAX nodes_min=MIN`-style overrides in nnodes_overrides() below.
-ELASTIC_NNODES = False
+# Elastic membership (--nnodes MIN:MAX, MIN < MAX): a range becomes the launcher's --nodes MIN:MAX
+# (launcher.config.elastic); off, it is refused in one line.
+ELASTIC_NNODES = True
 
 SWITCHES = {"--standalone", "--module", "--no-python", "--run-path", "--virtual-local-rank"}
 VALUED = {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
@@ -169,7 +170,7 @@ def translate(found: Scan, host: Host, note: Callable[[str], None]) -> Tuple[Lis
     flags: List[str] = []
     nodes = nnodes(given["--nnodes"]) if "--nnodes" in given else _launcher_nodes(found.ours)
     if "--nnodes" in given:
-        flags += ["--nodes", str(nodes)]
+        flags += ["--nodes", given["--nnodes"].strip() if ELASTIC_NNODES else str(nodes)]  # N or MIN:MAX
     if "--nproc-per-node" in given:
         flags += ["--gpus", str(nproc_per_node(given["--nproc-per-node"], host))]
     for flag in ("--max-restarts", "--log-dir"):
@@ -185,7 +186,10 @@ def _launcher_nodes(ours: List[str]) -> int:
         name, _, value = token.partition("=")
         if name == "--nodes":
             text = value or (ours[i + 1] if i + 1 < len(ours) else "1")
-            return int(text) if text.isdigit() else 1  # not a number: the launcher's parser says so
+            try:
+                return parse_nodes(text)[1]  # N, or MIN:MAX (elastic): the most
+            except ConfigError:
+                return 1  # not a number: the launcher's parser says so
     return 1
 
 
@@ -309,14 +313,19 @@ def local_ranks(text: str) -> str:
 
 
 def rdzv_conf(text: str) -> List[str]:
-    """--rdzv-conf k=v,...: the keys that are the launcher's rendezvous timeout; any other is refused."""
+    """--rdzv-conf k=v,...: join_timeout and timeout are the launcher's rendezvous timeout; torch's other dynamic
+    rendezvous options (launcher.config.elastic.RDZV_CONF_KEYS: last_call_timeout, keep_alive_interval, ...) go to
+    rdzv.conf; any other is refused."""
     out = []
     for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        if key not in RDZV_CONF:
-            raise ConfigError(f"--rdzv-conf {key}: the launcher takes join_timeout or timeout (its rendezvous "
-                              "timeout, --rdzv-timeout): drop the others")
-        out.append(f"{RDZV_CONF[key]}={value}")
+        key, _, value = item.strip().partition("=")
+        if key in RDZV_CONF:
+            out.append(f"{RDZV_CONF[key]}={value}")
+        elif key in RDZV_CONF_KEYS:
+            out.append(f"rdzv.conf.{key}={value}")
+        else:
+            raise ConfigError(f"--rdzv-conf {key}: not a rendezvous option here: use join_timeout (or timeout) or "
+                              f"one of {', '.join(k for k in RDZV_CONF_KEYS if k != 'join_timeout')}")
     return out
 
 
