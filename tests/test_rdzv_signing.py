@@ -193,8 +193,9 @@ def test_a_forged_rendezvous_state_is_refused_and_runs_no_code(tmp_path):
     from torch.distributed import TCPStore
 
     marker, port = tmp_path / "pwned", free_port()
-    # node 1 reads the forged state too, unless node 0 has gone first: then it waits out its --rdzv-timeout
-    argv = [*TWO, "--rdzv-timeout", "25", *c10d(port, "victim"), "trainer.steps=2", *QUICK]
+    # node 1 reads the forged state too, unless node 0 has gone first: then it waits out its --rdzv-timeout.
+    # 60 s, not 25: in the suite at load 12 node 1's start took longer, and node 0 gave up on it before reading
+    argv = [*TWO, "--rdzv-timeout", "60", *c10d(port, "victim"), "trainer.steps=2", *QUICK]
     node0 = start_node(tmp_path, argv, "the-job-secret")
     deadline = time.monotonic() + 60
     while True:  # the attacker: a plain store client on the job's rendezvous port
@@ -207,7 +208,7 @@ def test_a_forged_rendezvous_state_is_refused_and_runs_no_code(tmp_path):
     attacker.set("torch.rendezvous.victim", base64.b64encode(pickle.dumps(Forged(marker))).decode())
     del attacker
     node1 = start_node(tmp_path, argv, "the-job-secret")
-    outs = finish([node0, node1], timeout=120)
+    outs = finish([node0, node1], timeout=180)
     assert not marker.exists(), "the forged state was unpickled"
     assert node0.returncode == 2, outs[0]
     line, = errors(outs[0])

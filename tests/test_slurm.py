@@ -195,14 +195,16 @@ def test_cancel_stops_a_running_job(runs, slurm_env):
 
 @pytest.mark.timeout(600)
 def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
-    """time_min=2 with the warning 100 s before the end: USR2 20-50 s into the job (SLURM checks
-    limits about every 30 s), before 6000 steps (48 s or more) can finish. Once it has requeued,
+    """time_min=2 with the warning 70 s before the end: USR2 50-80 s into the job (SLURM checks
+    limits about every 30 s), before 12000 steps (96 s or more) can finish. Not sooner: a task still
+    starting Python has no handler yet, and USR2 ends it (in the suite at load 12 the job died with
+    signal 12 at 20-50 s: FAILED, never requeued). Once it has requeued,
     the test lifts the limit, so the rest runs to the end instead of being warned again. The warning's
     clock starts when the job runs: under the suite's load the job once waited for nodes long enough
     that a wait counted from the submission ran out before the warning was due."""
-    steps = ["trainer.steps=6000"]
+    steps = ["trainer.steps=12000"]
     result = run_launcher(["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "--output-dir", str(runs),
-                           "slurm.time_min=2", "slurm.signal_delay_s=100", "slurm.max_requeues=8"] + TRAIN + steps,
+                           "slurm.time_min=2", "slurm.signal_delay_s=70", "slurm.max_requeues=8"] + TRAIN + steps,
                           cwd=runs, timeout=60, env=slurm_env)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
@@ -219,7 +221,7 @@ def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, "the job to finish")
     summary = read_summary(run_dir)
     assert job_state(job_id) == "COMPLETED", summary
-    assert summary["steps"] == 6000 and summary["slurm_requeues"] >= 1
+    assert summary["steps"] == 12000 and summary["slurm_requeues"] >= 1
 
 
 @pytest.mark.timeout(180)

@@ -169,7 +169,9 @@ def ls_rows(output_dir: Path, cwd: Path) -> List[Dict[str, Any]]:
 def test_ctrl_c_stops_the_running_members_cleanly_and_resume_continues_them_from_their_checkpoints(tmp_path):
     out = tmp_path / "runs"
     proc = start_launcher(["sweep", "seed=1,2,3", "--parallel", "2", "--name", "long", "--output-dir", str(out),
-                           *QUICK, "trainer.steps=1000", "trainer.log_every=10"], cwd=tmp_path)
+                           *QUICK, "model.hidden=512", "trainer.steps=1000", "trainer.log_every=10"], cwd=tmp_path)
+    # ~10 ms a step on one core: a member runs ~10 s, so both are still running when Ctrl-C comes (with the
+    # quick model's 1.5 ms, once members no longer spun against each other, the second had finished by then)
     sweep_dir = out / "long"
     logs = [sweep_dir / name / "logs" / "rank-0.log" for name in ("m000-seed=1", "m001-seed=2")]
     try:
