@@ -11,7 +11,7 @@ import argparse
 import os
 import signal
 import sys
-from typing import Callable, List, NoReturn, Optional, Set, Tuple
+from typing import Union, Callable, List, NoReturn, Optional, Set, Tuple
 
 from launcher import interrupts
 from launcher.config.elastic import nodes_overrides, parse_nodes
@@ -146,13 +146,13 @@ def int_flag(name: str):
     return parse
 
 
-def nodes_flag(text: str) -> str:
-    """--nodes N or MIN:MAX, checked here so a typo is argparse's one line (launcher.config.elastic reads it)."""
+def nodes_flag(text: str) -> Union[int, str]:
+    """--nodes N (an int, as before elastic jobs) or 'MIN:MAX', checked here so a typo is argparse's one line."""
     try:
-        parse_nodes(text)
+        low, high = parse_nodes(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+    return text if ":" in text else low
 
 
 def split_argv(argv: List[str], parser: argparse.ArgumentParser) -> Tuple[List[str], List[str]]:

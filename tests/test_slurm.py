@@ -193,7 +193,7 @@ def test_cancel_stops_a_running_job(runs, slurm_env):
     assert status.returncode == 130 and "CANCELLED" in status.stdout
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(800)
 def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     """time_min=2 with the warning 70 s before the end: USR2 50-80 s into the job (SLURM checks
     limits about every 30 s), before 12000 steps (96 s or more) can finish. Not sooner: a task still
@@ -218,7 +218,7 @@ def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
 
     wait_for(requeued, 150, "the time limit's warning to requeue the job")
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=30)
-    wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, "the job to finish")
+    wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 420, "the job to finish")
     summary = read_summary(run_dir)
     assert job_state(job_id) == "COMPLETED", summary
     assert summary["steps"] == 12000 and summary["slurm_requeues"] >= 1

@@ -7,7 +7,7 @@ admits up to MAX, and re-forms without a lost node while at least MIN remain (do
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Union, Any, Dict, Tuple
 
 from launcher.errors import ConfigError
 
@@ -23,9 +23,9 @@ RDZV_CONF_KEYS = {
 }
 
 
-def parse_nodes(text: str) -> Tuple[int, int]:
+def parse_nodes(text: Union[int, str]) -> Tuple[int, int]:
     """'2' -> (2, 2); '1:4' -> (1, 4), as torchrun's --nnodes; a ConfigError naming the form otherwise."""
-    low, sep, high = text.strip().partition(":")
+    low, sep, high = str(text).strip().partition(":")
     try:
         pair = (int(low), int(high)) if sep else (int(low), int(low))
     except ValueError:
