@@ -16,7 +16,7 @@ from typing import Dict, List
 import psutil
 import pytest
 
-from tests.helpers import QUIET, communicate_bounded, launcher_env, only_run_dir, read_summary, run_launcher
+from tests.helpers import QUIET, communicate_bounded, kill_group, launcher_env, only_run_dir, read_summary, run_launcher
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -121,7 +121,7 @@ def test_simulated_job_loses_a_node_and_completes_on_the_other(tmp_path):
         out, err = communicate_bounded(launcher, 200, "elastic launcher")
     finally:
         if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+            kill_group(launcher)
             launcher.wait()
     assert launcher.returncode == 0, err
     assert "the job goes on without it" in err
@@ -174,7 +174,7 @@ def test_a_script_is_restarted_on_the_nodes_left_with_the_restart_count(tmp_path
         _, err = communicate_bounded(launcher, 200, "elastic launcher")
     finally:
         if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+            kill_group(launcher)
             launcher.wait()
     assert launcher.returncode == 0, err
     again = json.loads((out / "attempt-1-rank-0.json").read_text())  # TORCHELASTIC_RESTART_COUNT=1, as torchrun
