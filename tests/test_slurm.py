@@ -140,24 +140,29 @@ def test_a_user_script_runs_under_slurm(runs, slurm_env):
 # 2 nodes x 2 workers: 4 ranks, where the order of the ranks' additions matters; the requeued job must
 # still end bitwise where the uninterrupted local run does (tests/test_exact_resume.py has the local cases).
 PREEMPT = ["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "slurm.time_min=5"]
-PREEMPT_TRAIN = TRAIN + ["trainer.steps=2400"]
+PREEMPT_TRAIN = TRAIN + ["trainer.steps=600"]
+# rank 0 sleeps 1 s a step from step 200 of the first attempt (no CPU, no change to any number), so that
+# attempt is still running when the test preempts it whatever the machine's load, and the requeued one
+# runs the rest at full speed (with 2400 fast steps instead, the test took 276 s at the suite's load)
+SLOW_FIRST_ATTEMPT = {"LAUNCHER_INJECT_FAULT": "rank=0,step=200,action=slow"}
 
 
 @pytest.mark.timeout(420)
 def test_preemption_checkpoints_requeues_and_resumes_to_the_same_parameters(runs, slurm_env, tmp_path_factory):
-    reference = run_locally(tmp_path_factory.mktemp("local4-2400"), 4, PREEMPT_TRAIN)
-    result = run_launcher(PREEMPT + ["--output-dir", str(runs)] + PREEMPT_TRAIN, cwd=runs, timeout=60, env=slurm_env)
+    reference = run_locally(tmp_path_factory.mktemp("local4-600"), 4, PREEMPT_TRAIN)
+    result = run_launcher(PREEMPT + ["--output-dir", str(runs)] + PREEMPT_TRAIN, cwd=runs, timeout=60,
+                          env={**slurm_env, **SLOW_FIRST_ATTEMPT})
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
-    wait_for(lambda: log_has(run_dir / "logs" / "rank-0.log", "step 200/"), 90, "training to reach step 200")
+    wait_for(lambda: log_has(run_dir / "logs" / "rank-0.log", "step 200/"), 180, "training to reach step 200")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED"), 240, "the requeued job to finish")
+    wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED"), 180, "the requeued job to finish")
     summary = read_summary(run_dir)
     assert job_state(job_id) == "COMPLETED", summary
-    assert summary["status"] == "completed" and summary["steps"] == 2400 and summary["world_size"] == 4
+    assert summary["status"] == "completed" and summary["steps"] == 600 and summary["world_size"] == 4
     assert summary["slurm_requeues"] == 1 and summary["restarts"] >= 1
-    assert 200 <= summary["resumed_from_step"] < 2400  # from the checkpoint USR2 made, not from scratch
+    assert 200 <= summary["resumed_from_step"] < 600  # from the checkpoint USR2 made, not from scratch
     # the first attempt's rank logs are kept: USR2 reached the trainer, which checkpointed
     assert "got SIGUSR2: checkpointing at the next step boundary" in (run_dir / "logs" / "slurm-attempt-0" / "rank-0.log").read_text()
     assert summary["param_checksums"] == reference["param_checksums"] and summary["final_loss"] == reference["final_loss"]
@@ -193,19 +198,22 @@ def test_cancel_stops_a_running_job(runs, slurm_env):
     assert status.returncode == 130 and "CANCELLED" in status.stdout
 
 
-@pytest.mark.timeout(800)
+@pytest.mark.timeout(600)
 def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     """time_min=2 with the warning 70 s before the end: USR2 50-80 s into the job (SLURM checks
-    limits about every 30 s), before 12000 steps (96 s or more) can finish. Not sooner: a task still
-    starting Python has no handler yet, and USR2 ends it (in the suite at load 12 the job died with
-    signal 12 at 20-50 s: FAILED, never requeued). Once it has requeued,
-    the test lifts the limit, so the rest runs to the end instead of being warned again. The warning's
-    clock starts when the job runs: under the suite's load the job once waited for nodes long enough
-    that a wait counted from the submission ran out before the warning was due."""
-    steps = ["trainer.steps=12000"]
+    limits about every 30 s). Not sooner: a task still starting Python has no handler yet, and USR2
+    ends it (in the suite at load 12 the job died with signal 12 at 20-50 s: FAILED, never requeued).
+    The first attempt must still be running then whatever the load, and the requeued one must end in
+    bounded time whatever the load (12000 steps at the suite's load took more than 420 s): rank 0 is
+    slow from step 50 of the first attempt only (a 1 s sleep a step, no CPU), so that attempt cannot
+    finish 600 steps before the warning, and the requeued attempt runs the rest at full speed. Once it
+    has requeued, the test lifts the limit, so the rest runs to the end instead of being warned again.
+    The warning's clock starts when the job runs: under the suite's load the job once waited for nodes
+    long enough that a wait counted from the submission ran out before the warning was due."""
+    env = {**slurm_env, "LAUNCHER_INJECT_FAULT": "rank=0,step=50,action=slow"}
     result = run_launcher(["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "--output-dir", str(runs),
-                           "slurm.time_min=2", "slurm.signal_delay_s=70", "slurm.max_requeues=8"] + TRAIN + steps,
-                          cwd=runs, timeout=60, env=slurm_env)
+                           "slurm.time_min=2", "slurm.signal_delay_s=70", "slurm.max_requeues=8"] + TRAIN + ["trainer.steps=600"],
+                          cwd=runs, timeout=60, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
@@ -218,10 +226,13 @@ def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
 
     wait_for(requeued, 150, "the time limit's warning to requeue the job")
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=30)
-    wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 420, "the job to finish")
+    wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, "the job to finish")
     summary = read_summary(run_dir)
     assert job_state(job_id) == "COMPLETED", summary
-    assert summary["steps"] == 12000 and summary["slurm_requeues"] >= 1
+    assert summary["steps"] == 600 and summary["slurm_requeues"] >= 1
+    assert 1 <= summary["resumed_from_step"] < 600  # from the checkpoint the warning made, not from scratch
+    first = (run_dir / "logs" / "slurm-attempt-0" / "rank-0.log").read_text()
+    assert "got SIGUSR2: checkpointing at the next step boundary" in first
 
 
 @pytest.mark.timeout(180)

@@ -1,10 +1,13 @@
-"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang][;...],
+"""Fault injection for tests: LAUNCHER_INJECT_FAULT=rank=R,step=S[,attempt=A][,action=raise|hang|slow][;...],
 and LAUNCHER_TEST_SAVE_DELAY_S=SECONDS[,step=S]: in restart attempt 0, a checkpoint save (of step S only, if
 given) waits that long with its files written but not yet published, and says so, so a test can kill it mid-write.
 
 At step S of restart attempt A (default 0 only, so a restarted job goes on), rank R raises
 (action=raise, the default) or stops making progress forever (action=hang: it prints a line and
-sleeps, so a test can kill it or a watchdog can catch it at a known point).
+sleeps, so a test can kill it or a watchdog can catch it at a known point). With action=slow, rank R
+sleeps SLOW_STEP_S in every step from S on (a slow rank that uses no CPU, still stopping at step
+boundaries), so a job outlasts a signal that a test sends it at a time the machine's load cannot move.
+An attempt counts the agent's restarts and SLURM's requeues (a requeued job's agent starts again at 0).
 An environment variable rather than a config key: it is not part of a job's recorded config.
 """
 
@@ -18,7 +21,8 @@ from launcher.runtime import env
 
 ENV = env.INJECT_FAULT
 SAVE_DELAY_ENV = env.TEST_SAVE_DELAY_S
-ACTIONS = ("raise", "hang")
+ACTIONS = ("raise", "hang", "slow")
+SLOW_STEP_S = 1.0
 
 
 class InjectedFault(RuntimeError):
@@ -37,8 +41,11 @@ def maybe_fail(rank: int, step: int, attempt: int, spec: Optional[str] = None) -
     spec = os.environ.get(ENV) if spec is None else spec
     if not spec:
         return
+    attempt += int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     faults = [parse(part) for part in spec.split(";") if part.strip()]
-    fault = next((f for f in faults if (f["rank"], f["step"], f["attempt"]) == (rank, step, attempt)), None)
+    if any(f["action"] == "slow" and (f["rank"], f["attempt"]) == (rank, attempt) and step >= f["step"] for f in faults):
+        time.sleep(SLOW_STEP_S)
+    fault = next((f for f in faults if f["action"] != "slow" and (f["rank"], f["step"], f["attempt"]) == (rank, step, attempt)), None)
     if fault is None:
         return
     if fault["action"] == "hang":
