@@ -9,6 +9,7 @@ status/logs/cancel. The conformance suite (tests/test_backend_contract.py) runs 
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -117,6 +118,58 @@ def test_dry_run_prints_the_placement_and_each_nodes_command_and_starts_nothing(
     assert "STRICT_SPREAD, 2 bundle(s) of {'CPU': 3.0, 'GPU': 3.0} (GPU only where the cluster has GPUs" in done.stdout
     assert "node 1 (ranks 3-5)" in done.stdout and "--node-rank 1" in done.stdout
     assert not (tmp_path / "runs").exists()
+
+
+SHIPPED_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from helper_here import VALUE  # a module of the submitting folder alone
+dist.init_process_group("gloo")
+record = {"file": os.path.realpath(__file__), "cwd": os.path.realpath(os.getcwd()), "value": VALUE,
+          "ignored_file_shipped": os.path.exists("big.bin"), "git_shipped": os.path.exists(".git")}
+with open(os.path.join(sys.argv[1], f"rank-{dist.get_rank()}.json"), "w") as f:
+    json.dump(record, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def code_folder(root: Path) -> Path:
+    """A user's folder: a script, a module it imports, a .gitignored 2 MB file and a .git folder."""
+    code = root / "code"
+    code.mkdir()
+    (code / "train_here.py").write_text(SHIPPED_SCRIPT)
+    (code / "helper_here.py").write_text("VALUE = 42\n")
+    (code / ".gitignore").write_text("big.bin\n")
+    (code / "big.bin").write_bytes(b"\0" * 2_000_000)
+    (code / ".git").mkdir()
+    (code / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return code
+
+
+def test_a_script_only_in_the_submitting_folder_runs_from_the_folder_shipped_to_the_nodes(ray2, tmp_path):
+    code, out = code_folder(tmp_path), tmp_path / "out"
+    out.mkdir()
+    # ray.ship_limit_mb=1: the folder fits only because big.bin, in .gitignore, is left out
+    done = run_launcher(["--cluster", "ray", "--nodes", "2", "--gpus", "1", "--wait", f"output_dir={tmp_path / 'runs'}",
+                         "ray.ship_limit_mb=1", "train_here.py", str(out)], cwd=code, timeout=240, env=ray_env(ray2))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    records = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    for record in records:
+        assert record["value"] == 42
+        # run from Ray's unpacked copy, not from the submitting folder (which a real node does not have)
+        assert not record["file"].startswith(str(code.resolve())), record
+        assert Path(record["file"]).parent == Path(record["cwd"]) and "working_dir" in record["cwd"], record
+        assert not record["ignored_file_shipped"] and not record["git_shipped"], record
+    assert ray2.leftovers() == {"placement_groups": [], "actors": []}
+
+
+def test_a_working_folder_over_the_ship_limit_is_one_line_naming_its_size_and_the_fix(tmp_path):
+    pytest.importorskip("ray")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 3_000_000)
+    done = refused(["--nodes", "2", "--gpus", "1", "ray.address=127.0.0.1:1", "ray.ship_limit_mb=2"], tmp_path, {})
+    assert re.search(r"at least 2\.[0-9] MiB", done.stderr) and "ray.ship_limit_mb=2" in done.stderr
+    assert ".gitignore" in done.stderr and "ray.ship_code=false" in done.stderr
 
 
 def wait_for(condition, timeout: float, what: str) -> None:

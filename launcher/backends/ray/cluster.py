@@ -37,13 +37,16 @@ def cluster_address(cfg: Config, environ: Dict[str, str] = dict(os.environ)) -> 
     return address
 
 
-def connect(address: str) -> Any:
-    """ray.init on an existing cluster (never a new local one); one line when there is none at the address."""
+def connect(address: str, runtime_env: Optional[Dict[str, Any]] = None) -> Any:
+    """ray.init on an existing cluster (never a new local one); one line when there is none at the address.
+
+    runtime_env: the job's (launcher.backends.ray.code: the shipped working folder), for every actor it starts."""
     ray = import_ray()
     check_reachable(address)
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
-                 include_dashboard=False, namespace="launcher")
+                 include_dashboard=False, namespace="launcher",
+                 runtime_env=runtime_env)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:200]
         raise ConfigError(f"no Ray cluster at ray.address={address} ({first}): start one with "

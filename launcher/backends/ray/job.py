@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from launcher.backends.ray import cluster
+from launcher.backends.ray import cluster, code
 from launcher.backends.ray.actor import remote_class
 from launcher.backends.ray.records import JOB_FILE, update_job
 from launcher.config.rdzv_secret import read_rdzv_secret
@@ -48,7 +48,8 @@ class RayJob:
         self.stop_signal: Optional[int] = None
 
     def run(self) -> int:
-        self.ray = cluster.connect(cluster.cluster_address(self.cfg))
+        # the driver runs in the submitting folder (--wait: this process; else the detached driver, started there)
+        self.ray = cluster.connect(cluster.cluster_address(self.cfg), code.runtime_env(self.cfg, code.working_folder()))
         # after ray.init, which sets its own SIGTERM handler (sys.exit): Ctrl-C, and SIGTERM from `cancel`,
         # are passed on to the node agents, which stop their workers and record the end
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -92,7 +93,7 @@ class RayJob:
         config = to_dict(self.cfg)
         refs = [a.run.remote({"config": config, "node_rank": k, "master_addr": master_addr, "master_port": master_port,
                               "attempt": attempt}, self.secret, str(self.run_dir / "logs" / f"ray-node-{k}.log"),
-                             os.getcwd())
+                             "" if self.cfg.ray.ship_code else os.getcwd())  # "": the shipped folder Ray started it in
                 for k, a in enumerate(self.actors)]
         return self.watch(refs, placement)
 

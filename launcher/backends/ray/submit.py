@@ -19,7 +19,7 @@ from typing import Any, Dict, Tuple
 
 from launcher.backends.base import KIND_FIELD
 from launcher.backends.children import launcher_module_command
-from launcher.backends.ray import cluster
+from launcher.backends.ray import cluster, code
 from launcher.backends.ray.records import JOB_FILE, outcome_line, update_job
 from launcher.config.schema import Config, to_dict, to_yaml
 from launcher.logs import setup_launcher_logging
@@ -34,8 +34,7 @@ def prepare(cfg: Config) -> Tuple[str, Path]:
     address = cluster.cluster_address(cfg)
     cfg.output_dir = str(Path(cfg.output_dir).resolve())  # the nodes may start in other directories
     cfg.run_id = cfg.run_id or new_run_id()
-    if cfg.script.path is not None and not cfg.script.module:
-        cfg.script.path = str(Path(cfg.script.path).resolve())
+    cfg.script.path = code.script_path(cfg, code.working_folder())  # inside the shipped folder: relative to it
     return address, Path(cfg.output_dir) / cfg.run_id
 
 
@@ -47,6 +46,8 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         return 0
     if (run_dir / "config.yaml").is_file():
         raise existing_run(run_dir, cfg.run_id)
+    if cfg.ray.ship_code:
+        code.check_size(cfg, code.working_folder())  # before the cluster is asked for anything
     check_placement(cfg, address)
     create_run_dir(cfg.output_dir, cfg.run_id)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
@@ -127,5 +128,6 @@ def dry_run_text(cfg: Config, address: str, run_dir: Path) -> str:
         lines.append(f"#   node {k} (ranks {k * cfg.gpus}-{(k + 1) * cfg.gpus - 1}): {sys.executable} -m launcher.backends.ray.task "
                      f"<actor pid>  = python -m launcher --nodes {cfg.nodes} --gpus {cfg.gpus} --node-rank {k} "
                      f"--master-addr <node 0's IP> --master-port <free port on node 0> ...")
+    lines.append(code.describe(cfg, code.working_folder()))
     lines.append(f"# run directory (a path every node shares): {run_dir}")
     return "\n".join(lines) + "\n# resolved config\n" + to_yaml(cfg)
