@@ -5,6 +5,7 @@ not on 127.0.0.1. Needs root and iproute2 (tests/run.sh installs it); skipped wi
 otherwise. The namespaces are removed even when the test fails.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, finish_all, kill_group, only_run_dir, read_summary, start_launcher
+from tests.helpers import QUICK, finish_all, kill_group, only_run_dir, read_metrics, read_summary, run_launcher, start_launcher
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
 HEAD, OTHER = "10.77.0.1", "10.77.0.2"
@@ -70,9 +71,19 @@ def test_two_namespaces_train_across_a_network_interface(tmp_path, two_hosts):
     assert len(summary["param_checksums"]) == 4 and len(set(summary["param_checksums"])) == 1
     assert [n["ranks"] for n in summary["node_list"]] == [[0, 1], [2, 3]]
     assert not (other / "summary.json").exists()
-    # each global rank's log lies on the machine that ran it
-    assert sorted(p.name for p in (head / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
+    # each global rank's log is written on the machine that ran it, and copied to the head's run directory
+    # while the job runs (launcher.backends.mirror): the two output folders are not shared
     assert sorted(p.name for p in (other / "logs").glob("rank-*.log")) == ["rank-2.log", "rank-3.log"]
+    assert sorted(p.name for p in (head / "logs").glob("rank-*.log")) == [f"rank-{r}.log" for r in range(4)]
+    for rank in (2, 3):
+        assert (head / "logs" / f"rank-{rank}.log").read_bytes() == (other / "logs" / f"rank-{rank}.log").read_bytes()
+    assert json.loads((head / "nodes" / "node-1.json").read_text())["ranks"] == [2, 3]
+    assert len(read_metrics(head)[-1]["step_time_s_per_rank"]) == 4
+    assert not (head / ".head-token").exists()
+    logs = run_launcher(["logs", head.name, "--output-dir", str(tmp_path / "head"), "--rank", "3"], tmp_path, timeout=60)
+    assert logs.returncode == 0 and "rank 3/4 (node 1" in logs.stdout, logs.stdout[-2000:] + logs.stderr
+    listing = run_launcher(["ls", str(tmp_path / "head")], tmp_path, timeout=60)
+    assert listing.returncode == 0 and head.name in listing.stdout and "completed" in listing.stdout, listing.stdout
 
 
 @pytest.mark.timeout(300)

@@ -72,3 +72,21 @@ def test_every_socket_of_a_job_on_one_machine_listens_on_loopback(tmp_path, shap
     assert sockets, "no listening socket found in the job's processes"
     exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback]
     assert exposed == [], f"listening beyond loopback (pid, address, port): {exposed}; all: {sockets}"
+
+
+def test_node_files_copied_to_the_head_never_land_outside_their_shapes(tmp_path):
+    """A batch of another node's files (launcher.backends.mirror) names its paths: the head writes only a rank's
+    log, records and stacks and a node's record, below its run directory, whatever else a batch names."""
+    from launcher.backends.mirror_files import Copies, encode
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    forged = ["../outside.log", "logs/../../outside.log", "/tmp/outside.log", "logs/x/rank-1.log", "config.yaml",
+              "logs/rank-1.log/../../../outside.log", "heartbeats/rank-1"]
+    good = ["logs/rank-3.log", "steps/rank-3.jsonl", "nodes/node-1.json"]
+    names = forged + good
+    blob = encode([(n, "w" if n.endswith(".json") or n == "config.yaml" else "a", 0, 3) for n in names],
+                  [b"abc"] * len(names))
+    assert Copies(str(run_dir)).apply(blob) == len(forged)
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(f"run/{n}" for n in good)

@@ -20,7 +20,7 @@ from launcher.agent.launch import first_result, run_node
 from launcher.agent.watchdog import StartPeers, nodes_verdict
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.agent.zygote import Zygote, die_with_parent
-from launcher.backends import local
+from launcher.backends import local, mirror
 from launcher.backends.addresses import choose_interface, require_free_port, resolve_or_fail
 from launcher.backends.handshake import NodeHandshake, describe_nodes
 from launcher.config.rdzv_secret import read_rdzv_secret
@@ -47,6 +47,7 @@ class NodeSession:
         self.logs = RunDirLogsSpecs(Path(plan.run_dir) / "logs", on_placement=self.handshake.publish_placement)
         self.node_list: List[Dict[str, Any]] = []
         self.met = False
+        self.mirror: Any = None  # the other nodes' files copied to the head's run directory (launcher.backends.mirror)
 
     def meet(self) -> None:
         """Meet the other nodes, or raise naming the problem (settings that differ, a --node-rank used twice)."""
@@ -64,6 +65,7 @@ class NodeSession:
         self.meet()
         local_addr = config["rdzv"].get("local_addr") or choose_interface(self.handshake.host, self.handshake.port)
         node = plan.node_rank or 0
+        self.mirror = mirror.start(plan, self.handshake.host, self.handshake.port, self.key, self.is_head)
         peers = StartPeers(flag=lambda: self.handshake.flag_stuck_start(node), flagged=self.handshake.stuck_start_flagged)
         results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key, peers=peers)
         holds_rank0 = first_result(results) is not None
@@ -88,6 +90,9 @@ class NodeSession:
             "ranks": placement.get("ranks", []), "restarts": restarts,
         })
         status, error = self._job_verdict(group, status, error)
+        if self.mirror is not None:  # the head waits for the others' last lines and records; they send them
+            self.mirror.close()
+            self.mirror = None
         extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend, "rdzv_endpoint": self.plan.rdzv_endpoint}
         if status != "completed" and self.is_head and not self.node_list and self.handshake.store is not None:
             self.node_list = self.handshake.placements_so_far(self.plan.nodes)

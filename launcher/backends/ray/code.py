@@ -54,9 +54,13 @@ def shipped_bytes(folder: Path, patterns: List[str], stop_at: float) -> float:
             if total[0] > stop_at:
                 raise _TooBig()
 
+    walk = [packaging._get_excludes(folder, patterns)]
     try:
-        packaging._dir_travel(folder, [packaging._get_excludes(folder, patterns)], count,
-                              include_gitignore=True, logger=quiet)
+        try:
+            packaging._dir_travel(folder, walk, count, include_gitignore=True, logger=quiet)
+        except TypeError:  # a Ray before include_gitignore (it read .gitignore files always)
+            total[0] = 0
+            packaging._dir_travel(folder, walk[:1], count, logger=quiet)
     except _TooBig:
         pass
     return float(total[0])
