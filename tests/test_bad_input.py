@@ -133,7 +133,8 @@ def cases(tmp_path):
         (["model.heads=0"], "model.heads=0 must be at least 1", None),
         # checkpoint.dir that is not a local directory
         ([f"checkpoint.dir={a_file}"], "is an existing file, not a directory", None),
-        (["checkpoint.dir=s3://bucket/x"], "object storage is not supported yet; give a local path", None),
+        (["checkpoint.dir=nosuch://bucket/x"], "nosuch:// is not a storage scheme fsspec knows", None),
+        (["checkpoint.dir=s3://KEY:SECRET@bucket/x"], "credentials do not belong in the URL", None),
         # --config given nothing, or something that is not a file
         (["--config", ""], "--config was given an empty name", None),
         (["--config", "/dev/null"], "--config /dev/null is not a regular file", None),

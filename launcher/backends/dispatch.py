@@ -22,11 +22,13 @@ from launcher.backends.base import KIND_BY_MODE, RunsHere
 from launcher.config.rendezvous import launch_mode, shared_run_id
 from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
+from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan, build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir, finish, summary_base
 from launcher.runlock import check_not_a_finished_run, claim
 from launcher.runtime import safefs
 from launcher.trainers.checkpoint.files import TMP_PREFIX
+from launcher.trainers.checkpoint.objects import is_url, preflight
 from launcher.warmstart import collector_paused
 
 
@@ -51,6 +53,7 @@ def launch(cfg: Config, dry_run: bool, started: float,
     if dry_run:
         print(plan_text(cfg, plan), end="")
         return 0
+    check_checkpoint_store(cfg)
     if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
         safefs.refuse_planted(plan.run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
     backend.check_before_start(plan)
@@ -69,6 +72,16 @@ def launch(cfg: Config, dry_run: bool, started: float,
         raise
     finally:
         lock.release()
+
+
+def check_checkpoint_store(cfg: Config) -> None:
+    """An object-store checkpoint.dir answers and takes a write, before any worker starts or anything is made:
+    a wrong endpoint or bucket is one line now, not a failed save after the first interval of training."""
+    url = cfg.checkpoint.dir
+    if cfg.script.path is None and is_url(url):
+        problem = preflight(url)
+        if problem:
+            raise ConfigError(f"checkpoint.dir={url}: {problem}")
 
 
 def plan_launch(cfg: Config, mode: str) -> Tuple[RunsHere, LaunchPlan]:

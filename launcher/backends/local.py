@@ -149,4 +149,8 @@ def resume_hint(cfg: Config, run_dir: Path) -> str:
     if cfg.script.path is not None:
         return ""
     ckpt_dir = checkpoint_dir(cfg, str(run_dir))
-    return f"; continue with: python -m launcher resume {run_dir}" if ckpt_dir and list_checkpoints(ckpt_dir) else ""
+    try:
+        found = bool(ckpt_dir and list_checkpoints(ckpt_dir))
+    except Exception:  # an object store that stopped answering (checkpoint.dir=s3://...): the run's error says so
+        found = False
+    return f"; continue with: python -m launcher resume {run_dir}" if found else ""

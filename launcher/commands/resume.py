@@ -10,6 +10,7 @@ it runs (trainer.steps, checkpointing, restarts, W&B), never what the checkpoint
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -22,7 +23,7 @@ from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.rundir import archive_rank_logs
 from launcher.usage import OneLineParser
-from launcher.trainers.checkpoint.files import checkpoint_dir, latest_valid, read_manifest
+from launcher.trainers.checkpoint.files import Location, checkpoint_dir, latest_valid, read_manifest
 
 # Keys a resumed run may change; everything else is fixed by what the checkpoint holds.
 CHANGEABLE = ("trainer.steps", "trainer.lr", "trainer.log_every", "checkpoint.", "launcher.", "rdzv.", "wandb.")
@@ -113,7 +114,7 @@ def check_overrides(overrides: List[str]) -> None:
                           f"start a new run for that; resume accepts {allowed}")
 
 
-def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Path, int]:
+def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Location, int]:
     """The recorded config with the overrides, the checkpoint to start from, and its step."""
 
     cfg = load_config(str(run_dir / "config.yaml"), overrides + [f"output_dir={run_dir.parent}", f"run_id={run_dir.name}"],
@@ -134,13 +135,13 @@ def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Path, int]:
     return cfg, checkpoint, step
 
 
-def launch(cfg: Config, run_dir: Path, checkpoint: Path, step: int) -> int:
+def launch(cfg: Config, run_dir: Path, checkpoint: Location, step: int) -> int:
     """The recorded run's backend (a simulated multi-node run gets its nodes again), in its own directory."""
 
     def take_over(locked: Path) -> None:
         log = setup_launcher_logging(locked / "logs" / "launcher.log")
         kept = archive_rank_logs(locked, f"before-resume-{len(list((locked / 'logs').glob('before-resume-*'))) + 1}")
-        log.info(f"resuming run {run_dir.name} from {checkpoint.name} (step {step}) to step {cfg.trainer.steps}"
+        log.info(f"resuming run {run_dir.name} from {os.path.basename(str(checkpoint))} (step {step}) to step {cfg.trainer.steps}"
                  + (f"; the earlier rank logs are in {kept}" if kept else ""))
 
     return dispatch.launch(cfg, dry_run=False, started=process_start_time(), continuing=take_over)

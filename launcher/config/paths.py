@@ -13,6 +13,7 @@ from typing import Optional
 
 from launcher import configs as shipped_configs
 from launcher.errors import ConfigError
+from launcher.trainers.checkpoint.objects import missing_implementation
 
 CONFIG_DIR = Path(shipped_configs.__file__).resolve().parent  # the repository's configs/, installed as launcher.configs
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, hdfs://, file://: not a local path
@@ -67,12 +68,31 @@ def check_module(name: str) -> None:
 
 
 def check_checkpoint_dir(path: Optional[str]) -> None:
-    """checkpoint.dir is a local directory (made when the run starts), not a URL or an existing file."""
+    """checkpoint.dir is a local directory (made when the run starts) or an object-store URL whose fsspec
+    implementation is installed, not an existing file. Whether the store answers is checked at launch
+    (launcher.backends.dispatch), not here: validating a config touches no network."""
     if path is None:
         return
     if URL_SCHEME.match(path):
-        raise ConfigError(f"checkpoint.dir={path}: object storage is not supported yet; give a local path "
-                          "(or a mounted file system's path)")
+        check_checkpoint_url(path)
+        return
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"checkpoint.dir={path} is an existing file, not a directory: give a directory's path "
                           "(it is made if missing)")
+
+
+def check_checkpoint_url(url: str) -> None:
+    """An object-store checkpoint.dir: no credentials in it (they would be recorded in config.yaml), a bucket,
+    and a scheme whose fsspec implementation is installed (s3fs, gcsfs: the [s3] and [gcs] extras)."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() == "file":
+        raise ConfigError(f"checkpoint.dir={url}: give the local path itself, without file://")
+    if "@" in rest.split("/", 1)[0]:
+        raise ConfigError(f"checkpoint.dir: credentials do not belong in the URL (they would be recorded with the run): "
+                          f"write {scheme}://BUCKET/PREFIX and set them in the environment (AWS_ACCESS_KEY_ID, "
+                          "AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+    if not rest.strip("/"):
+        raise ConfigError(f"checkpoint.dir={url} names no bucket: write {scheme}://BUCKET/PREFIX")
+    problem = missing_implementation(url)
+    if problem:
+        raise ConfigError(f"checkpoint.dir={url}: {problem}")

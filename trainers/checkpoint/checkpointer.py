@@ -21,10 +21,12 @@ from launcher.runtime import safefs
 
 from ..faults.stop import STOP, StepSignals
 from ..metrics.goodput import GoodputClock
+from . import remote_store, store
 from .background import BackgroundWriter, stage, staged_bytes, writer_group
 from .files import checkpoint_dir
 from .interval import young_daly_steps
-from .store import Position, Resume, load_latest, rank_payload, restore_rng, save, state_dict, write
+from .objects import is_url
+from .store import Position, Resume, load_latest, rank_payload, restore_rng, state_dict
 
 
 PROBE_STEPS = 10  # every_steps=auto: steps timed before the save whose cost sets the interval
@@ -47,6 +49,7 @@ class Checkpointer:
     def __init__(self, cfg: Any, run_dir: Optional[str], rank: int, world_size: int, device: torch.device,
                  model: torch.nn.Module, optimizer: torch.optim.Optimizer, clock: Optional[GoodputClock] = None) -> None:
         self.dir = checkpoint_dir(cfg, run_dir)
+        self._store: Any = remote_store if is_url(self.dir) else store  # a URL: object storage, published in place
         self._run_dir = Path(run_dir) if run_dir else None
         self._auto = cfg.checkpoint.every_steps == "auto"
         self._every_steps = 0 if self._auto else cfg.checkpoint.every_steps
@@ -140,14 +143,14 @@ class Checkpointer:
             self._clock.blocked(blocked_from, time.time())
             snapshot = self._clock.snapshot()
             self._writer.start(lambda: self._written(
-                write(self.dir, state, payload, position, self._keep, self._group), snapshot))
+                self._store.write(self.dir, state, payload, position, self._keep, self._group), snapshot))
         else:
-            path = save(self.dir, self._model, self._optimizer, position, self._keep)
+            path = self._store.save(self.dir, self._model, self._optimizer, position, self._keep)
             self._clock.blocked(blocked_from, time.time())
             self._written(path, self._clock.snapshot())
         self._last_step, self._last_at = position.step, time.monotonic()
 
-    def _written(self, path: Path, snapshot: dict) -> None:
+    def _written(self, path: Any, snapshot: dict) -> None:
         """A checkpoint is published: the steps up to it are kept (in the writer's thread for async saves)."""
         self._clock.keep(snapshot)
         if self._rank == 0:

@@ -11,19 +11,23 @@ import hashlib
 import json
 import logging
 import os
-import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from . import objects
 
 FORMAT = 1
-MANIFEST = "manifest.json"
+MANIFEST = objects.MANIFEST
 TMP_PREFIX = ".tmp-step-"  # a save in progress; one left by a killed job (or a link planted as one) is cleared
-STEP_DIR = re.compile(r"^step-(\d{8})$")
+STEP_DIR = objects.STEP
 log = logging.getLogger("launcher.checkpoint")
+Location = Union[Path, str]  # a local folder, or an object-store URL (trainers.checkpoint.objects)
 
 
-def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Path]:
+def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Location]:
     """checkpoint.dir, else <run_dir>/checkpoints; None when there is nowhere to write."""
+    if objects.is_url(cfg.checkpoint.dir):
+        return str(cfg.checkpoint.dir).rstrip("/")
     if cfg.checkpoint.dir:
         return Path(cfg.checkpoint.dir).resolve()  # the user's choice, resolved once (as output_dir is)
     return Path(run_dir) / "checkpoints" if run_dir else None
@@ -33,16 +37,21 @@ def step_dir(ckpt_dir: Path, step: int) -> Path:
     return ckpt_dir / f"step-{step:08d}"
 
 
-def list_checkpoints(ckpt_dir: Path) -> List[Path]:
-    """Checkpoint directories, newest first (temporary and set-aside ones excluded)."""
+def list_checkpoints(ckpt_dir: Location) -> List[Any]:
+    """Checkpoint directories, newest first (temporary and set-aside ones excluded; on object storage,
+    those without a manifest)."""
+    if isinstance(ckpt_dir, str):
+        return objects.list_checkpoints(ckpt_dir)
     if not ckpt_dir.is_dir():
         return []
     found = [p for p in ckpt_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def verify(path: Path) -> Optional[str]:
+def verify(path: Location) -> Optional[str]:
     """None when every file matches the manifest, else why not."""
+    if isinstance(path, str):
+        return objects.verify(path, FORMAT)
     try:
         manifest = read_manifest(path)
     except (OSError, ValueError) as e:
@@ -60,21 +69,25 @@ def verify(path: Path) -> Optional[str]:
     return None
 
 
-def read_manifest(path: Path) -> Dict[str, Any]:
+def read_manifest(path: Location) -> Dict[str, Any]:
+    if isinstance(path, str):
+        return objects.read_manifest(path)
     data = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError("manifest is not an object")
     return data
 
 
-def latest_valid(ckpt_dir: Path, warn: Callable[[str], None] = log.warning, set_aside: bool = False) -> Optional[Path]:
+def latest_valid(ckpt_dir: Location, warn: Callable[[str], None] = log.warning, set_aside: bool = False) -> Optional[Any]:
     """The newest checkpoint that verifies; each bad one newer than it is reported (and set aside)."""
     for path in list_checkpoints(ckpt_dir):
         problem = verify(path)
         if problem is None:
             return path
         warn(f"checkpoint {path} is damaged ({problem}); skipping it and trying the one before")
-        if set_aside:
+        if set_aside and isinstance(path, str):
+            objects.set_aside(path)
+        elif set_aside:
             os.rename(path, path.with_name(f"corrupt-{path.name}"))
     return None
 

@@ -20,6 +20,7 @@ and, for the launcher (no process group, no torch): trainers.checkpoint.files.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from launcher.runtime import safefs
 from ..faults.diskspace import DiskFullError, disk_full, free_space, nearly_full
 from ..faults.inject import maybe_delay_save
+from . import objects
 from .files import FORMAT, MANIFEST, TMP_PREFIX, file_sha256, latest_valid, list_checkpoints, step_dir
 
 log = logging.getLogger("launcher.checkpoint")
@@ -65,7 +67,7 @@ class Resume:
     position: Position
     rng: Optional[Dict[str, Any]]  # this rank's RNG states, for restore_rng at the resumed data position (None: the
     # checkpoint is of another world size)
-    path: Path
+    path: Union[Path, str]  # a folder, or a URL (trainers.checkpoint.objects)
 
 
 # --- saving -----------------------------------------------------------------------------------
@@ -100,7 +102,7 @@ def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], positi
     """
     import torch.distributed.checkpoint as dcp
 
-    rank = _rank()
+    rank = this_rank()
     final, tmp = step_dir(ckpt_dir, position.step), ckpt_dir / f"{TMP_PREFIX}{position.step:08d}"
     if rank == 0:
         if str(ckpt_dir) in _MADE and not ckpt_dir.is_dir():  # never re-made: a run directory deleted mid-run stays gone
@@ -109,19 +111,19 @@ def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], positi
         _MADE.add(str(ckpt_dir))
         safefs.remove_own(str(tmp))  # left by a job killed mid-save, or a link planted in its place
         safefs.make_dirs(str(tmp), root=str(ckpt_dir))  # checkpoints/ itself a planted link: refused
-    _barrier(group)
+    barrier(group)
     try:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True), process_group=group)
         _save_rank_file(tmp / f"rank-{rank}.pt", payload)
         maybe_delay_save(rank, position.step)
-        _barrier(group)
+        barrier(group)
         if rank == 0:
             _publish(tmp, final, position)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         # torch's writer reports ENOSPC as a RuntimeError: judged by the space left, before anyone cleans up
         full, free = disk_full(e) is not None or nearly_full(ckpt_dir), free_space(ckpt_dir)
         if getattr(e, "failures", None) is not None:  # DCP's failures reach every rank together: decide alike
-            _barrier(group)
+            barrier(group)
         if not full:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # any rank: the others stop with this one (the agent's doing)
@@ -131,7 +133,7 @@ def write(ckpt_dir: Path, state: Dict[str, Any], payload: Dict[str, Any], positi
                             f"lower checkpoint.keep or point checkpoint.dir elsewhere") from e
     if rank == 0:
         prune(ckpt_dir, keep)
-    _barrier(group)
+    barrier(group)
     return final
 
 
@@ -185,35 +187,49 @@ def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.O
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     chosen: List[Optional[str]] = [None]
-    if _rank() == 0:
+    if this_rank() == 0:
         path = latest_valid(ckpt_dir, warn=_warn_everywhere, set_aside=True)
         chosen[0] = str(path) if path else None
     if dist.is_initialized():
         dist.broadcast_object_list(chosen, src=0)  # between our own ranks: they agree on one checkpoint
     if chosen[0] is None:
         return None
-    path = Path(chosen[0])
-    rank_file = path / f"rank-{_rank()}.pt"
-    if not rank_file.is_file():  # a job grown since (elastic): the position is every rank's, so rank 0's serves
-        rank_file = path / "rank-0.pt"
-    if not rank_file.is_file():
-        raise CheckpointError(f"{path} has no rank-0.pt: it is incomplete or not a checkpoint of this trainer")
+    path, rank_file, read_rank, reader = _open_checkpoint(chosen[0])
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=WeightsOnlyLoadPlanner())
-        payload = torch.load(rank_file, map_location="cpu", weights_only=True)
+        dcp.load(state, storage_reader=reader, planner=WeightsOnlyLoadPlanner())
+        payload = torch.load(read_rank(), map_location="cpu", weights_only=True)
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
-        raise CheckpointError(f"cannot load {path}: {_root_message(e)}") from e
+        raise CheckpointError(f"cannot load {path}: {root_message(e)}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     position = Position(**payload["position"])
     world = dist.get_world_size() if dist.is_initialized() else 1
-    same_world = position.world_size in (None, world) and rank_file.name == f"rank-{_rank()}.pt"
+    same_world = position.world_size in (None, world) and rank_file == f"rank-{this_rank()}.pt"
     # another world size: these RNG states were another rank's (the data order needs none: it is seeded per epoch)
     return Resume(position=position, rng=payload["rng"] if same_world else None, path=path)
 
 
-def _root_message(error: BaseException) -> str:
+def _open_checkpoint(location: str) -> Tuple[Union[Path, str], str, Callable[[], Any], Any]:
+    """The checkpoint, the rank file this rank loads, how to open it, and DCP's reader (a folder or a URL)."""
+    names = [f"rank-{this_rank()}.pt", "rank-0.pt"]  # a job grown since (elastic): the position is every rank's
+    if objects.is_url(location):
+        fs, root = objects.filesystem(location)
+        name = next((n for n in names if fs.exists(f"{root}/{n}")), None)
+        path: Union[Path, str] = location
+        read = lambda: io.BytesIO(fs.cat_file(f"{root}/{name}"))  # noqa: E731
+        reader = SafeFsspecReader(location, **objects.options(location))
+    else:
+        path = Path(location)
+        name = next((n for n in names if (path / n).is_file()), None)
+        read = lambda: path / str(name)  # noqa: E731
+        reader = SafeFileSystemReader(str(path))
+    if name is None:
+        raise CheckpointError(f"{path} has no rank-0.pt: it is incomplete or not a checkpoint of this trainer")
+    return path, name, read, reader
+
+
+def root_message(error: BaseException) -> str:
     """DCP wraps each rank's exception; the first line of the innermost is the useful part."""
     failures = getattr(error, "failures", None)
     if isinstance(failures, dict) and failures:
@@ -303,6 +319,20 @@ def _make_reader_class() -> Any:
 SafeFileSystemReader, WeightsOnlyLoadPlanner = _make_reader_class()
 
 
+def _make_fsspec_reader_class() -> Any:
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported by torch 2.13
+
+    class SafeFsspecReader(FsspecReader):
+        """DCP's fsspec reader (checkpoint.dir on object storage), .metadata allow-listed as above."""
+
+        read_metadata = SafeFileSystemReader.read_metadata
+
+    return SafeFsspecReader
+
+
+SafeFsspecReader = _make_fsspec_reader_class()
+
+
 # --- RNG states ---------------------------------------------------------------------------------
 
 def capture_rng() -> Dict[str, Any]:
@@ -342,11 +372,11 @@ def _to_tuples(value: Any) -> Any:
 
 # --- small helpers ------------------------------------------------------------------------------
 
-def _rank() -> int:
+def this_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _barrier(group: Optional[Any] = None) -> None:
+def barrier(group: Optional[Any] = None) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier(group=group)
 

@@ -1,0 +1,238 @@
+"""checkpoint.dir=s3://...: training saves to, resumes from and survives faults of a real S3 API (moto's server on
+loopback), with the guarantees of local checkpoints: a checkpoint exists once its manifest does, a resume is
+bitwise the uninterrupted run, a damaged one is set aside, credentials never reach the run directory.
+
+The launchers reach moto through a small TCP relay, so "the store stops answering" is the relay closing while
+moto (whose state lives in its memory) keeps what was saved, for the test to look at afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.helpers import QUIET, SESSION_PIDS, kill_group, only_run_dir, read_summary, run_bounded, run_launcher, start_launcher
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SECRET = "test-secret-never-recorded-9f3c"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
+STEPS = 24
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Relay:
+    """127.0.0.1:port -> target port, byte for byte; close() makes the endpoint refuse and cuts every connection."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.port = target, free_port()
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._open: List[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return
+            self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._server.close()
+        for s in self._open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def moto():
+    """moto's S3 server on a free loopback port, killed by its pid at the end."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    SESSION_PIDS.add(proc.pid)  # kept for the module's tests: not a test's leftover
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "moto's server did not start"
+                time.sleep(0.2)
+        yield port
+    finally:
+        kill_group(proc)
+        proc.wait(timeout=30)
+        SESSION_PIDS.discard(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def store_env(moto, monkeypatch_module):
+    """This process talks to moto directly (to look at the bucket); launchers get a relay's endpoint."""
+    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{moto}"}.items():
+        monkeypatch_module.setenv(key, value)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("ckpts")
+    return fs
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def via(relay: Relay) -> dict:
+    return {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
+
+
+def job(*extra: str) -> List[str]:
+    return ["--gpus", "2", f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=8", *QUIET, *extra]
+
+
+def published(fs, prefix: str) -> List[str]:
+    fs.invalidate_cache()  # the launchers changed the bucket since this process last listed it
+    return sorted(p.split("/")[-2] for p in fs.glob(f"ckpts/{prefix}/step-*/manifest.json"))
+
+
+def assert_no_secret(run_dir: Path) -> None:
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), f"the secret key is in {path}"
+
+
+def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_run(tmp_path, store_env, moto):
+    fs, relay = store_env, Relay(moto)
+    reference = run_launcher([*job(), f"output_dir={tmp_path / 'ref'}"], cwd=tmp_path, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    url = "s3://ckpts/resume"
+    # node 1: saves step 8 (in the background), then is killed while step 16's files are uploaded, unpublished
+    first = start_launcher([*job(f"checkpoint.dir={url}", "checkpoint.async_save=true", "checkpoint.keep=2"),
+                            f"output_dir={tmp_path / 'node1'}"], cwd=tmp_path,
+                           env={**via(relay), "LAUNCHER_TEST_SAVE_DELAY_S": "120,step=16"})
+    lines: List[str] = []
+    try:
+        for line in first.stdout:
+            lines.append(line)
+            if "save of step 16 delayed" in line:
+                break
+        assert any("save of step 16 delayed" in line for line in lines), "".join(lines)
+        assert fs.ls("ckpts/resume/step-00000016", refresh=True), "step 16's files are not in the bucket yet"
+    finally:
+        kill_group(first)
+        first.communicate(timeout=30)
+    assert published(fs, "resume") == ["step-00000008"]  # step 16 has no manifest: it does not exist
+    node1 = only_run_dir(tmp_path / "node1")
+    assert not (node1 / "checkpoints").exists() and not (tmp_path / "s3:").exists()
+    # node 2: its own empty output folder; the bucket is all it shares with node 1
+    second = run_launcher([*job(f"checkpoint.dir={url}", "checkpoint.keep=2"), f"output_dir={tmp_path / 'node2'}"],
+                          cwd=tmp_path, timeout=240, env=via(relay))
+    assert second.returncode == 0, second.stdout + second.stderr
+    node2 = only_run_dir(tmp_path / "node2")
+    summary = read_summary(node2)
+    assert summary["resumed_from_step"] == 8
+    assert summary["param_checksums"] == read_summary(only_run_dir(tmp_path / "ref"))["param_checksums"]
+    assert published(fs, "resume") == ["step-00000016", "step-00000024"], second.stdout  # keep=2; the cut-off upload replaced
+    assert f"dir: {url}\n" in (node2 / "config.yaml").read_text()  # the URL only: nothing of the credentials
+    for run_dir in (node1, node2):
+        assert_no_secret(run_dir)
+    # a damaged newest checkpoint is set aside and the one before it loads
+    fs.pipe_file("ckpts/resume/step-00000024/rank-1.pt", b"not a checkpoint")
+    from launcher.trainers.checkpoint.files import latest_valid
+
+    warnings: List[str] = []
+    assert latest_valid(url, warn=warnings.append, set_aside=True) == f"{url}/step-00000016"
+    assert "does not match its checksum" in warnings[0] or "has 16 bytes" in warnings[0]
+    assert published(fs, "resume") == ["step-00000016"] and fs.exists("ckpts/resume/corrupt-step-00000024/manifest.json")
+    relay.close()
+
+
+@pytest.mark.parametrize("where, problem", [
+    ("endpoint", "cannot reach the object store at http://127.0.0.1:"),
+    ("bucket", "the bucket no-such-bucket does not exist: create it"),
+])
+def test_a_wrong_endpoint_or_bucket_is_one_line_before_anything_starts(tmp_path, store_env, moto, where, problem):
+    url = "s3://no-such-bucket/x" if where == "bucket" else "s3://ckpts/x"
+    endpoint = f"http://127.0.0.1:{free_port() if where == 'endpoint' else moto}"
+    result = run_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path / 'out'}"], cwd=tmp_path,
+                          timeout=120, env={**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint})
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and problem in lines[0] and f"checkpoint.dir={url}" in lines[0], result.stderr
+    assert SECRET not in result.stderr + result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scheme_without_its_package_names_the_extra(tmp_path):
+    try:
+        import gcsfs  # noqa: F401
+        pytest.skip("gcsfs is installed here")
+    except ImportError:
+        pass
+    result = run_launcher(["--dry-run", "checkpoint.dir=gs://bucket/x"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "pip install 'torch-launcher[gcs]'" in result.stderr, result.stderr
+
+
+def test_a_store_that_stops_answering_ends_the_job_with_the_last_checkpoint_intact(tmp_path, store_env, moto):
+    fs, relay, url = store_env, Relay(moto), "s3://ckpts/outage"
+    proc = start_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path}"], cwd=tmp_path,
+                          env={**via(relay), "LAUNCHER_TEST_SAVE_DELAY_S": "3,step=16"})
+    lines: List[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "save of step 16 delayed" in line:
+                relay.close()  # the store goes away between the upload and the manifest
+                break
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        kill_group(proc)
+    text = "".join(lines) + out
+    assert proc.returncode not in (0, None), text
+    assert "saving checkpoint step 16 to s3://ckpts/outage failed" in text, text
+    assert published(fs, "outage") == ["step-00000008"]
+    from launcher.trainers.checkpoint.files import latest_valid
+
+    assert latest_valid(url) == f"{url}/step-00000008"  # intact: every object matches its manifest
+    summary = read_summary(only_run_dir(tmp_path))
+    assert summary["status"] == "failed"

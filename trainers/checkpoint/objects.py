@@ -1,0 +1,185 @@
+"""Checkpoints on object storage (checkpoint.dir=s3://..., gs://..., any fsspec URL), without torch.
+
+An object store has no rename, so a checkpoint is published in place: every file is written under its final
+prefix ``<url>/step-00000042/`` and ``manifest.json`` (an object written in one PUT, whole or absent) last.
+A step prefix without its manifest does not exist: listing ignores it and the next save deletes it (a job
+killed mid-upload leaves only such a prefix). Deleting goes the other way, manifest first.
+
+Credentials and endpoints come only from the store's own chain (AWS_* variables, AWS_ENDPOINT_URL, profiles,
+GOOGLE_APPLICATION_CREDENTIALS): nothing here takes, records or prints them. fsspec (a torch dependency) is
+imported when a URL is used; s3fs and gcsfs are the [s3] and [gcs] extras.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # scheme -> the setup.cfg extra that installs it
+STEP = re.compile(r"^step-(\d{8})$")
+MANIFEST = "manifest.json"
+
+
+def is_url(location: Any) -> bool:
+    return isinstance(location, str) and URL.match(location) is not None
+
+
+def scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower()
+
+
+def options(url: str) -> Dict[str, Any]:
+    """Storage options: bounded waits on a store that stops answering, so a save fails instead of hanging."""
+    if scheme(url) in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": 5, "read_timeout": 30,
+                                  "retries": {"max_attempts": 3, "mode": "standard"}}}
+    return {}
+
+
+def filesystem(url: str) -> Tuple[Any, str]:
+    """The fsspec file system for url and the path in it, its listings forgotten: other ranks and processes
+    write there. fsspec keeps one instance per process (a forked worker makes its own), whose client takes
+    seconds to make."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **options(url))
+    fs.invalidate_cache()
+    return fs, path.rstrip("/")
+
+
+def missing_implementation(url: str) -> Optional[str]:
+    """Why url's scheme cannot be used here (no fsspec implementation installed), else None."""
+    import fsspec
+
+    name = scheme(url)
+    try:
+        fsspec.get_filesystem_class(name)
+    except ImportError:
+        extra = EXTRAS.get(name)
+        how = f"pip install 'torch-launcher[{extra}]'" if extra else f"install the fsspec implementation for {name}://"
+        return f"{name}:// needs a package that is not installed: {how}"
+    except ValueError:
+        return f"{name}:// is not a storage scheme fsspec knows: use s3://, gs:// or another fsspec URL"
+    return None
+
+
+def join(url: str, *names: str) -> str:
+    return "/".join([url.rstrip("/"), *names])
+
+
+def step_url(url: str, step: int) -> str:
+    return join(url, f"step-{step:08d}")
+
+
+def _prefixes(url: str) -> Dict[str, bool]:
+    """Every step-N prefix under url -> whether its manifest is there (one listing of every object under url)."""
+    fs, root = filesystem(url)
+    found: Dict[str, bool] = {}
+    try:
+        names = fs.find(root)
+    except FileNotFoundError:
+        return {}
+    for name in names:
+        rel = name[len(root):].strip("/").split("/")
+        if len(rel) > 1 and STEP.match(rel[0]):
+            found[rel[0]] = found.get(rel[0], False) or rel[1:] == [MANIFEST]
+    return found
+
+
+def list_checkpoints(url: str) -> List[str]:
+    """Published checkpoints (with a manifest), newest first."""
+    return [join(url, name) for name, published in sorted(_prefixes(url).items(), reverse=True) if published]
+
+
+def unpublished(url: str) -> List[str]:
+    """Step prefixes without a manifest: saves cut off before publishing."""
+    return [join(url, name) for name, published in sorted(_prefixes(url).items()) if not published]
+
+
+def read_manifest(checkpoint: str) -> Dict[str, Any]:
+    fs, path = filesystem(checkpoint)
+    data = json.loads(fs.cat_file(f"{path}/{MANIFEST}").decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("manifest is not an object")
+    return data
+
+
+def verify(checkpoint: str, fmt: int) -> Optional[str]:
+    """None when every object matches the manifest (size and sha256), else why not."""
+    try:
+        manifest = read_manifest(checkpoint)
+    except (OSError, ValueError) as e:
+        return f"no readable {MANIFEST} ({e.__class__.__name__})"
+    if manifest.get("format") != fmt:
+        return f"format {manifest.get('format')!r}, expected {fmt}"
+    fs, path = filesystem(checkpoint)
+    for name, want in manifest.get("files", {}).items():
+        try:
+            size, digest = object_size_and_sha256(fs, f"{path}/{name}")
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if size != want["size"]:
+            return f"{name} has {size} bytes, expected {want['size']}"
+        if digest != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def object_size_and_sha256(fs: Any, path: str) -> Tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with fs.open(path, "rb", block_size=8 << 20) as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def remove(checkpoint: str) -> None:
+    """Delete a checkpoint: its manifest first, so a deletion cut off midway leaves no half checkpoint."""
+    fs, path = filesystem(checkpoint)
+    for target, recursive in ((f"{path}/{MANIFEST}", False), (path, True)):
+        try:
+            fs.rm(target, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+
+def set_aside(checkpoint: str) -> None:
+    """A damaged checkpoint becomes corrupt-step-N (copied, then removed): kept for a look, never loaded."""
+    fs, path = filesystem(checkpoint)
+    parent, name = path.rsplit("/", 1)
+    fs.copy(path, f"{parent}/corrupt-{name}", recursive=True)
+    remove(checkpoint)
+
+
+def preflight(url: str) -> Optional[str]:
+    """Why url cannot hold checkpoints (store unreachable, no such bucket, not writable), else None.
+
+    Writes and deletes one empty probe object: only a write shows that these credentials may write there.
+    """
+    fs, path = filesystem(url)
+    probe = f"{path}/.launcher-probe-{uuid.uuid4().hex}"
+    try:
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except FileNotFoundError:
+        bucket = path.split("/", 1)[0]
+        return f"the bucket {bucket} does not exist: create it, or fix the bucket name in checkpoint.dir"
+    except PermissionError as e:
+        return f"not writable with these credentials ({_first_line(e)}): check AWS_ACCESS_KEY_ID/AWS_PROFILE " \
+               "and the bucket's permissions"
+    except Exception as e:  # botocore's connection errors and the like, whose classes need s3fs's imports
+        where = os.environ.get("AWS_ENDPOINT_URL") if scheme(url) in ("s3", "s3a") else None
+        return f"cannot reach the object store{f' at {where}' if where else ''} ({e.__class__.__name__}: " \
+               f"{_first_line(e)}): check the endpoint (AWS_ENDPOINT_URL or your profile's endpoint_url) and the network"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else ""
