@@ -46,6 +46,8 @@ def launch(cfg: Config, dry_run: bool, started: float,
     once its run directory is whole (config.yaml, plan.json).
     """
     interrupts.hold()
+    if not dry_run:
+        check_checkpoint_store(cfg)  # first: a wrong endpoint or bucket costs no zygote, no torch import
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
@@ -53,7 +55,6 @@ def launch(cfg: Config, dry_run: bool, started: float,
     if dry_run:
         print(plan_text(cfg, plan), end="")
         return 0
-    check_checkpoint_store(cfg)
     if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
         safefs.refuse_planted(plan.run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
     backend.check_before_start(plan)
