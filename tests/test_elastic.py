@@ -16,7 +16,8 @@ from typing import Dict, List
 import psutil
 import pytest
 
-from tests.helpers import QUIET, communicate_bounded, kill_group, launcher_env, only_run_dir, read_summary, run_launcher
+from tests.helpers import (QUIET, communicate_bounded, finish_all, free_port, kill_group, launcher_env, only_run_dir,
+                           read_summary, run_launcher, start_launcher)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,6 +58,25 @@ def test_sampler_resplits_an_epoch_at_its_global_offset():
     assert set(before) == set(one.order()[:80])
 
 
+def test_an_epoch_resumed_at_an_odd_offset_ends_with_a_smaller_batch_not_a_dropped_tail():
+    """One rank stopped after 31 batches of 16 (a join's stop lands on any step); two ranks of 16 read the
+    remaining 528 as 16 batches each and then one of 8, as the trainer's loader deals them."""
+    import torch
+
+    from launcher.trainers.data import build_loader
+
+    data = torch.utils.data.TensorDataset(torch.arange(1024))
+    loaders = [build_loader(data, 16, r, 2, seed=3) for r in range(2)]
+    for _, sampler in loaders:
+        sampler.set_epoch(0, start=31 * 16)
+    batches = [[b[0].tolist() for b in loader] for loader, _ in loaders]
+    assert [len(b) for b in batches[0]] == [16] * 16 + [8] == [len(b) for b in batches[1]]
+    read = sorted(i for rank in batches for b in rank for i in b)
+    assert read == sorted(loaders[0][1].order()[31 * 16:]), "the epoch's tail was dropped or repeated"
+    loaders[0][1].set_epoch(1, start=0)  # an epoch from its start: whole batches only, as DistributedSampler
+    assert len(loaders[0][1]) == 512 and len(list(loaders[0][0])) == 32
+
+
 def test_elastic_with_a_static_rendezvous_is_refused_in_one_line(tmp_path):
     result = run_launcher(["--nodes", "1:2", "--gpus", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
                            f"output_dir={tmp_path}", *QUIET], cwd=tmp_path, timeout=60)
@@ -86,6 +106,13 @@ def _wait_for_hang(run_dir_parent: Path, rank: int, deadline: float, launcher: s
     raise AssertionError(f"rank {rank} never reached its injected hang")
 
 
+def _epoch0_once(run_dir: Path, samples: int = 1024) -> None:
+    """The epoch that spans the change: every sample exactly once."""
+    epoch0 = [i for indices in _kept_steps(run_dir).values() for i in indices]
+    assert len(epoch0) == len(set(epoch0)), "a sample was repeated in the epoch that spans the change"
+    assert sorted(epoch0) == list(range(samples)), "a sample was dropped in the epoch that spans the change"
+
+
 def _kept_steps(run_dir: Path) -> Dict[int, List[int]]:
     """{step: the indices every rank trained on}, each step from the last attempt that ran it (a restart redoes
     the steps after its checkpoint: the earlier attempt's are lost work, not progress)."""
@@ -106,9 +133,12 @@ def _kept_steps(run_dir: Path) -> Dict[int, List[int]]:
 
 
 @pytest.mark.slow
-def test_simulated_job_loses_a_node_and_completes_on_the_other(tmp_path):
-    steps = 60
-    args = [sys.executable, "-m", "launcher", "--nodes", "1:2", "--gpus", "1", "--max-restarts", "1", *FAST_RDZV,
+@pytest.mark.parametrize("nodes, steps", [("1:2", 60), ("2:3", 40)], ids=["one-of-2", "one-of-3"])
+def test_simulated_job_loses_a_node_and_completes_on_the_others(tmp_path, nodes, steps):
+    """Epoch 0 across the change, resumed from step 10: one of 2 is 10 steps of 2 x 16, then 44 of 16; one of 3
+    is 10 steps of 3 x 16, then 17 of 2 x 16 (1024 samples either way, none left for drop_last)."""
+    left = int(nodes.split(":")[1]) - 1  # nodes and ranks (one a node) after the change
+    args = [sys.executable, "-m", "launcher", "--nodes", nodes, "--gpus", "1", "--max-restarts", "1", *FAST_RDZV,
             f"output_dir={tmp_path}", f"trainer.steps={steps}", "checkpoint.every_steps=5", "trainer.log_every=5",
             "data.record_shards=true", "watchdog.timeout_s=0", *QUIET]
     env = launcher_env({"LAUNCHER_INJECT_FAULT": f"rank={LOST_RANK},step=12,action=hang"})
@@ -128,15 +158,12 @@ def test_simulated_job_loses_a_node_and_completes_on_the_other(tmp_path):
     run_dir = only_run_dir(tmp_path)
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["steps"] == steps
-    assert (summary["world_size"], summary["nodes"], summary["restarts"]) == (1, 1, 1)
+    assert (summary["world_size"], summary["nodes"], summary["restarts"]) == (left, left, 1)
     [change] = summary["membership_changes"]
-    assert len(change["left"]) == 1 and change["joined"] == [] and (change["nodes"], change["world_size"]) == (1, 1)
+    assert len(change["left"]) == 1 and change["joined"] == [] and (change["nodes"], change["world_size"]) == (left, left)
     assert change["left"][0].endswith(f":{node.pid}")
     assert summary["badput_s"]["membership"] > 0
-    # the epoch that spans the change: every sample exactly once (10 steps of 2 x 16, then 44 of 16)
-    epoch0 = [i for indices in _kept_steps(run_dir).values() for i in indices]
-    assert len(epoch0) == len(set(epoch0)), "a sample was repeated in the epoch that spans the change"
-    assert sorted(epoch0) == list(range(1024)), "a sample was dropped in the epoch that spans the change"
+    _epoch0_once(run_dir)
     assert "resumed from" in (run_dir / "logs" / "rank-0.attempt-1.log").read_text()
 
 
@@ -183,3 +210,51 @@ def test_a_script_is_restarted_on_the_nodes_left_with_the_restart_count(tmp_path
     summary = read_summary(only_run_dir(tmp_path / "runs"))
     assert summary["status"] == "completed" and summary["restarts"] == 1
     assert [c["world_size"] for c in summary.get("membership_changes", [])] == [1]
+
+
+def _wait_for_line(path: Path, text: str, deadline: float, procs: List[subprocess.Popen]) -> None:
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"'{text}' never appeared in {path}")
+
+
+@pytest.mark.slow
+def test_a_node_that_joins_a_running_job_is_admitted(tmp_path):
+    """Node A trains alone (--nodes 1:2); node B, started with the same command, is taken in at once: A's workers
+    stop at a step boundary with a checkpoint (not counted against --max-restarts 0), and both resume from it."""
+    steps = 130  # epoch 0 is 128 steps alone: it spans the join wherever it lands, and ends before the job does
+    common = ["--nodes", "1:2", "--gpus", "1", "--max-restarts", "0", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+              "--rdzv-id", "join", "--rdzv-timeout", "120", "rdzv.conf.last_call_timeout=1",
+              "rdzv.conf.keep_alive_interval=1", f"output_dir={tmp_path}", f"trainer.steps={steps}",
+              "data.dataset_size=2048", "checkpoint.every_steps=10", "trainer.log_every=10", "data.record_shards=true",
+              "watchdog.timeout_s=0", *QUIET]
+    # alone, rank 0 takes 1 s a step (attempt 0 only), a wait that costs no CPU: B's start, however slow (60 s at
+    # a load of 18 on 2 cores), lands in epoch 0; together they run at full speed
+    slow = {"LAUNCHER_INJECT_FAULT": "rank=0,step=1,action=slow"}
+    procs = [start_launcher(common, tmp_path, env=slow)]
+    try:
+        _wait_for_line(tmp_path / "job-join" / "shards" / "seen-0-rank-0.jsonl", '"step": 1,', time.monotonic() + 120,
+                       procs)
+        procs.append(start_launcher(common, tmp_path, env=slow))
+        outs = finish_all(procs, timeout=200)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert f"membership changed (joined: 127.0.0.1:{procs[1].pid}): 2 nodes, world size 2" in outs[0], outs[0]
+    run_dir = only_run_dir(tmp_path)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == steps
+    assert (summary["world_size"], summary["nodes"], summary["restarts"]) == (2, 2, 0)
+    [change] = summary["membership_changes"]
+    assert change["left"] == [] and change["joined"] == [f"127.0.0.1:{procs[1].pid}"]
+    assert (change["nodes"], change["world_size"]) == (2, 2)
+    assert summary["badput_s"]["membership"] > 0 and summary["badput_s"]["restart"] == 0
+    # the attempt after the join has names of its own (torch's restart count stays 0 there)
+    logs = sorted(p.name for p in (run_dir / "logs").glob("rank-*.log"))
+    assert logs == ["rank-0.attempt-1.log", "rank-0.log", "rank-1.attempt-1.log"], logs
+    assert "(epoch 0, sample " in (run_dir / "logs" / "rank-0.attempt-1.log").read_text()  # resumed mid-epoch
+    assert len(list((run_dir / "goodput").glob("*-attempt-*.json"))) == 2
+    _epoch0_once(run_dir, samples=2048)  # whatever step the join stopped A at: its tail is read, as a smaller batch

@@ -62,12 +62,15 @@ class ResumableSampler(DistributedSampler):
     it from position r, so after k batches of B per rank the ranks together consumed its first k*B*W
     indices. ``set_epoch(epoch, start)`` deals out what follows ``start`` among this sampler's ranks: a job
     resumed with another world size (elastic membership) reads the rest of the epoch, none dropped or repeated.
+    Each rank gets whole batches of ``batch_size`` (the loader's drop_last, kept here), except where the epoch
+    resumed at an offset that is not a whole number of this world's global batches (another world size
+    stopped there): then the epoch ends with one smaller batch on every rank, rather than leave its tail unread.
     With start=0 the indices are DistributedSampler's own, and for the same world size they stay so at any start.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int) -> None:
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int, batch_size: int = 1) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.start = 0
+        self.start, self.batch_size = 0, batch_size
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         super().set_epoch(epoch)
@@ -81,22 +84,24 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         rest = self.order()[self.start:]
-        usable = len(rest) // self.num_replicas * self.num_replicas
-        return iter(rest[self.rank:usable:self.num_replicas])
+        return iter(rest[self.rank:len(self) * self.num_replicas:self.num_replicas])
 
     def __len__(self) -> int:
-        return max(0, len(self.dataset) - self.start) // self.num_replicas  # type: ignore[arg-type]
+        per_rank = max(0, len(self.dataset) - self.start) // self.num_replicas  # type: ignore[arg-type]
+        if self.start % (self.batch_size * self.num_replicas) == 0:  # whole batches, as the loader's drop_last
+            per_rank -= per_rank % self.batch_size
+        return per_rank
 
 
 def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int, seed: int,
                  num_workers: int = 0, pin_memory: bool = False) -> Tuple[DataLoader, ResumableSampler]:
-    """Each rank reads a disjoint shard; drop_last keeps every rank at the same step count.
+    """Each rank reads a disjoint shard; the sampler deals every rank the same number of batches (drop_last).
 
     Loader processes stay alive across epochs (persistent_workers): restarting them costs more
     than an epoch of this in-memory data.
     """
-    sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=num_workers,
+    sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed, batch_size=batch_size)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False, num_workers=num_workers,
                         pin_memory=pin_memory, persistent_workers=num_workers > 0)
     return loader, sampler
 

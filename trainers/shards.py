@@ -1,7 +1,7 @@
 """data.record_shards=true: which samples each rank read, for tests and audits of the data split.
 
 shards/rank-<r>.json      the indices rank r's sampler deals it in epoch 0 (its whole shard)
-shards/seen-<a>-rank-<r>.jsonl   per optimizer step of attempt a (TORCHELASTIC_RESTART_COUNT): the step, its
+shards/seen-<a>-rank-<r>.jsonl   per optimizer step of attempt a (LAUNCHER_ATTEMPT): the step, its
                           epoch and the indices rank r trained on; across an elastic membership change (another
                           world size, other ranks) the kept steps' indices show no sample dropped or repeated
 """

@@ -127,7 +127,7 @@ def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device
     loader, sampler = build_loader(dataset, layout.batch_size, layout.shard_rank, layout.shard_count, cfg.seed,
                                    **loader_settings(cfg, device, env.rank))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
-    clock = GoodputClock(run_dir, _launch_started(), env.restart_count, env.rank)
+    clock = GoodputClock(run_dir, _launch_started(), env.attempt, env.rank)
     for phase, at in marks.items():
         clock.mark(phase, at)
     checkpointer = Checkpointer(cfg, run_dir, env.rank, env.world_size, device, model, optimizer, clock)
@@ -143,7 +143,7 @@ def _set_up(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device
     return _Run(model, dataset, precision, auto, layout, loader, sampler, optimizer, checkpointer, start, loggers,
                 meter, accum, global_batch=layout.batch_size * layout.shard_count * accum, memory=PeakMemory(device),
                 clock=clock, run_dir=run_dir,
-                seen=SeenRecorder(run_dir, cfg.data.record_shards, env.rank, env.restart_count, layout.batch_size))
+                seen=SeenRecorder(run_dir, cfg.data.record_shards, env.rank, env.attempt, layout.batch_size))
 
 
 def _announce(cfg: Any, run_dir: Optional[str], env: DistEnv, device: torch.device, backend: str, run: _Run) -> None:
@@ -225,7 +225,7 @@ def _train_step(cfg: Any, env: DistEnv, device: torch.device, run: _Run, state: 
         with meter.measuring():  # not clipping: the norm is read for logging only
             result.grad_norm = grad_norm(run.model)
     state.times.add(result)
-    maybe_fail(env.rank, state.step, env.restart_count)
+    maybe_fail(env.rank, state.step, env.attempt)
     state.window_steps += 1
     if state.first_step_at is None:
         state.first_step_at = time.time()
@@ -338,7 +338,7 @@ def _mean_across_ranks(value: torch.Tensor, world: int) -> float:
 def _first_step_at(env: DistEnv, run: _Run, state: _LoopState) -> Optional[float]:
     """When the launch's first step ended; after a restart, when it started (rank 0's goodput records keep the
     first attempt's), so start-up stays the command's, not the restart's."""
-    if env.restart_count == 0:
+    if env.attempt == 0:
         return state.first_step_at
     first_started = first_step_of_launch(run.run_dir, _launch_started())
     return first_started if first_started is not None else state.first_step_at

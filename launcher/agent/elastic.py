@@ -3,7 +3,14 @@
 torch's ``elastic_launch`` builds a ``LocalElasticAgent`` by name; for the launch's duration that
 name is our subclass, which (a) starts each attempt's workers as launcher.agent.processes does instead
 of torch's multiprocessing context, (b) reports each failed attempt's root cause before a restart
-(launcher.agent.failures) and (c) counts the restarts it made, scripts included.
+(launcher.agent.failures) and (c) counts the restarts it made, scripts included, and numbers the attempts.
+
+torch counts only restarts after a failure (TORCHELASTIC_RESTART_COUNT, which a script sees unchanged, as
+under torchrun); taking in a node that joined restarts the workers too, with the same count. The launcher
+numbers every start of the workers: on c10d by the rendezvous round, which every node agrees on (torch opens
+a new round for each re-rendezvous, failure or membership change); on the static rendezvous, which re-forms
+only after a failure, by the restart count. That number (LAUNCHER_ATTEMPT) names the attempt's rank logs,
+its goodput and failure records and the trainer's records, so no attempt overwrites the one before.
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from launcher.agent import elastic_fixes
 from launcher.agent.failures import FailureWatch
-from launcher.agent.membership import record_round
+from launcher.agent.membership import record_round, round_nodes
 from launcher.agent.processes import WorkerJob, WorkerProcesses
+from launcher.runtime import env
 
 log = logging.getLogger("launcher")
 
@@ -29,6 +37,7 @@ class AgentRecord:
 
     def __init__(self) -> None:
         self.restarts = 0
+        self.attempt = 0  # the launcher's number of the current attempt (see the module docstring)
         self.nodes: Optional[List[str]] = None  # the last c10d round's nodes (launcher.agent.membership)
 
     def observe(self, round_record: Optional[Dict[str, Any]]) -> None:
@@ -55,6 +64,8 @@ def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord
 
     def start_processes(name: str, entrypoint: Any, args: Any, envs: Any, logs_specs: Any,
                         log_line_prefixes: Any = None, **_: Any) -> WorkerProcesses:
+        for worker_env in envs.values():  # read by the logs' names (RunDirLogsSpecs) and the workers
+            worker_env[env.ATTEMPT] = str(record.attempt)
         processes = WorkerProcesses(name, entrypoint, args, envs, logs_specs, log_line_prefixes, job)
         processes.start()
         return processes
@@ -74,6 +85,8 @@ def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord
             if job.run_dir:
                 record.observe(record_round(job.run_dir, worker_group))
             restart = worker_group.spec.max_restarts - self._remaining_restarts
+            seen = round_nodes(worker_group.spec.rdzv_handler)
+            record.attempt = restart if seen is None else seen["round"]
             if restart and worker_group.spec.rdzv_handler.get_backend() == "static":
                 timeout_s = worker_group.spec.rdzv_handler.timeout.total_seconds()
                 self._launcher_restart_store = elastic_fixes.restart_workers_store(worker_group, restart, timeout_s)
@@ -81,8 +94,7 @@ def agent_installed(job: WorkerJob, watch: FailureWatch) -> Iterator[AgentRecord
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             if result.is_failed():
-                attempt = worker_group.spec.max_restarts - self._remaining_restarts
-                watch.on_failure(result.failures, worker_group, attempt, self._remaining_restarts,
+                watch.on_failure(result.failures, worker_group, record.attempt, self._remaining_restarts,
                                  resumes=job.kind == "trainer")
             return result
 

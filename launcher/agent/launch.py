@@ -86,8 +86,8 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
             results = run_watched(plan.run_dir, config, lambda: elastic_launch(launch_config, launcher_worker)(),
                                   announce=(plan.node_rank or 0) == 0, peers=peers)
     except ChildFailedError as e:
-        raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.restarts), restarts=agent.restarts,
-                                root_cause=root_cause_record(plan, watch.last or e.failures, agent.restarts)) from e
+        raise WorkerFailedError(describe_failure(e, plan, watch.last, agent.attempt), restarts=agent.restarts,
+                                root_cause=root_cause_record(plan, watch.last or e.failures, agent.attempt)) from e
     except signed_rdzv.UnsignedStateError as e:
         raise RendezvousAuthError(str(e)) from None
     except TorchRendezvousError as e:

@@ -8,11 +8,14 @@ from typing import Any, Callable, Dict, Optional
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
+from launcher.runtime.env import ATTEMPT
+
 
 class RunDirLogsSpecs(LogsSpecs):
     """Where each rank's log goes: logs/rank-<global rank>.log (launcher.agent.streams writes it and the console).
 
-    A restarted attempt writes logs/rank-<k>.attempt-<n>.log so the first failure stays readable.
+    A later attempt writes logs/rank-<k>.attempt-<n>.log so the first failure stays readable; n is the
+    launcher's attempt number (launcher.agent.elastic), torch's restart count where the agent gave none.
     """
 
     def __init__(self, log_dir: Path, on_placement: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
@@ -35,7 +38,7 @@ class RunDirLogsSpecs(LogsSpecs):
         if self._on_placement is not None:
             self._on_placement(self.placement)
         for local_rank, env in envs.items():
-            rank, attempt = env["RANK"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            rank, attempt = env["RANK"], int(env.get(ATTEMPT) or env.get("TORCHELASTIC_RESTART_COUNT") or 0)
             suffix = "" if attempt == 0 else f".attempt-{attempt}"
             stdouts[local_rank] = str(self._log_dir / f"rank-{rank}{suffix}.log")
             stderrs[local_rank] = ""  # the same file: both streams, in the order they came

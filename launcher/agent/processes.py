@@ -35,6 +35,7 @@ from launcher.agent.zygote import BOOTSTRAP, Zygote
 from launcher.interrupts import blocked_for_child
 from launcher.runtime import safefs
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
+from launcher.runtime.env import ATTEMPT
 
 log = logging.getLogger("launcher")
 STACK_WAIT_S = 2.0
@@ -113,10 +114,13 @@ class WorkerProcesses(PContext):
         for local_rank in range(self.nprocs):
             env = {**base, **self.envs[local_rank]}
             rank = int(env["RANK"])
+            attempt = int(env.get(ATTEMPT) or env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+            if self.job.kind != "trainer":  # a script's environment stays torchrun's
+                env.pop(ATTEMPT, None)
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             status_r, status_w = os.pipe()
-            spec = self._spec(local_rank, rank, env)
+            spec = self._spec(local_rank, rank, env, attempt)
             if zygote is not None:
                 pid, popen = zygote.fork(spec, [out_w, err_w, status_w]), None
             else:
@@ -130,15 +134,14 @@ class WorkerProcesses(PContext):
         self.router.start()
         WorkerProcesses.latest = self
 
-    def _spec(self, local_rank: int, rank: int, env: Dict[str, str]) -> Dict[str, Any]:
+    def _spec(self, local_rank: int, rank: int, env: Dict[str, str], attempt: int) -> Dict[str, Any]:
         spec: Dict[str, Any] = {"kind": self.job.kind, "target": self.job.target, "args": list(self.job.args),
                                 "env": env, "cwd": self.job.cwd, "error_file": self.error_files.get(local_rank),
                                 "slurm": self.job.slurm}
         if self.job.heartbeat:
             spec["heartbeat"] = {"run_dir": self.job.run_dir, "rank": rank, "local_rank": local_rank}
         if self.job.steps is not None:
-            spec["steps"] = {**self.job.steps, "run_dir": self.job.run_dir, "rank": rank,
-                             "attempt": int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)}
+            spec["steps"] = {**self.job.steps, "run_dir": self.job.run_dir, "rank": rank, "attempt": attempt}
         if self.job.kind == "trainer":
             spec["trainer"] = {"config": self.job.config, "run_dir": self.job.run_dir,
                                "result_file": self._result_file(rank)}

@@ -9,6 +9,10 @@ WATCHDOG_TIMEOUT_S = "LAUNCHER_WATCHDOG_TIMEOUT_S"
 # When the user's command started (seconds since the epoch): the built-in trainer's time to first
 # step. The agent's own bookkeeping: a script never sees it.
 START_TIME = "LAUNCHER_START_TIME"
+# This attempt's number as the launcher counts attempts (launcher.agent.elastic): every start of the
+# workers, a failure's restart or an elastic membership change alike. Names the attempt's rank logs and
+# the built-in trainer's records; scripts never see it (they get torch's TORCHELASTIC_RESTART_COUNT).
+ATTEMPT = "LAUNCHER_ATTEMPT"
 # Test hooks of the built-in trainer (trainers.faults.inject, trainers.faults.hang).
 INJECT_FAULT = "LAUNCHER_INJECT_FAULT"
 TEST_HANG_RANK = "LAUNCHER_TEST_HANG_RANK"

@@ -7,7 +7,8 @@ At step S of restart attempt A (default 0 only, so a restarted job goes on), ran
 sleeps, so a test can kill it or a watchdog can catch it at a known point). With action=slow, rank R
 sleeps SLOW_STEP_S in every step from S on (a slow rank that uses no CPU, still stopping at step
 boundaries), so a job outlasts a signal that a test sends it at a time the machine's load cannot move.
-An attempt counts the agent's restarts and SLURM's requeues (a requeued job's agent starts again at 0).
+An attempt counts the launcher's attempts (LAUNCHER_ATTEMPT: restarts and elastic membership changes) and SLURM's
+requeues (a requeued job's agent starts again at 0).
 An environment variable rather than a config key: it is not part of a job's recorded config.
 """
 

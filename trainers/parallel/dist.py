@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from launcher.runtime.env import ATTEMPT
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -18,7 +20,8 @@ class DistEnv:
     world_size: int
     local_world_size: int
     group_rank: int
-    restart_count: int
+    restart_count: int  # torch's: restarts after a failure
+    attempt: int  # the launcher's: every start of the workers, an elastic membership change's too (names records)
 
     @classmethod
     def from_environ(cls) -> "DistEnv":
@@ -30,6 +33,7 @@ class DistEnv:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
             group_rank=int(env.get("GROUP_RANK", "0")),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            attempt=int(env.get(ATTEMPT) or env.get("TORCHELASTIC_RESTART_COUNT") or 0),  # torchrun: its restarts
         )
 
 
