@@ -227,9 +227,11 @@ def test_a_node_that_joins_a_running_job_is_admitted(tmp_path):
     steps = 130  # epoch 0 is 128 steps alone: it spans the join wherever it lands, and ends before the job does
     common = ["--nodes", "1:2", "--gpus", "1", "--max-restarts", "0", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
               "--rdzv-id", "join", "--rdzv-timeout", "120", "rdzv.conf.last_call_timeout=5",
-              "rdzv.conf.keep_alive_interval=1", f"output_dir={tmp_path}", f"trainer.steps={steps}",
+              f"output_dir={tmp_path}", f"trainer.steps={steps}",
               "checkpoint.every_steps=10", "trainer.log_every=10", "data.record_shards=true", "watchdog.timeout_s=0",
               *QUIET, "data.dataset_size=2048"]
+    # torch's keep-alives (3 missed, 5 s apart): at 1 s apart, a load of 22 once stalled A's heartbeats past 3 s, and
+    # B, finding A "dead", formed a job of its own beside it (torch's c10d has no fencing)
     # alone, rank 0 takes 1 s a step (attempt 0 only), a wait that costs no CPU: B's start, however slow (60 s at
     # a load of 18 on 2 cores), lands in epoch 0; together they run at full speed
     slow = {"LAUNCHER_INJECT_FAULT": "rank=0,step=1,action=slow"}

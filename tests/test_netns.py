@@ -118,6 +118,38 @@ def test_elastic_job_across_namespaces_loses_the_other_host_and_completes(tmp_pa
     assert change["left"] == [f"{OTHER}:{procs[1].pid}"] and change["world_size"] == 1
 
 
+@pytest.mark.timeout(300)
+def test_a_host_that_joins_a_running_elastic_job_is_admitted(tmp_path, two_hosts):
+    """--nodes 1:2 on c10d across a real interface: the head trains alone (1 s a step, a wait that costs no CPU),
+    the other host starts with the same command and is taken in; both finish on a world of 2. The head keeps
+    rank 0 (c10d orders nodes by address), so its summary lists the join."""
+    shared = tmp_path / "ckpt"  # the checkpoint on storage both hosts reach, as on a cluster
+    common = ["--nodes", "1:2", "--gpus", "1", "--max-restarts", "0", "--rdzv-endpoint", f"{HEAD}:29559",
+              "--rdzv-id", "join", "--rdzv-timeout", "120", "rdzv.conf.last_call_timeout=5", "trainer.steps=130", "checkpoint.every_steps=10",
+              f"checkpoint.dir={shared}", "watchdog.timeout_s=0", *QUICK, "data.dataset_size=2048",
+              "wandb.mode=disabled"]
+    slow = {"LAUNCHER_INJECT_FAULT": "rank=0,step=1,action=slow"}
+    procs = [start_launcher([*common, f"output_dir={tmp_path / 'head'}"], tmp_path,
+                            prefix=["ip", "netns", "exec", two_hosts[0]], env=slow)]
+    log = tmp_path / "head" / "job-join" / "logs" / "rank-0.log"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and procs[0].poll() is None and "samples per epoch" not in _text(log):
+            time.sleep(0.3)
+        procs.append(start_launcher([*common, f"output_dir={tmp_path / 'other'}"], tmp_path,
+                                    prefix=["ip", "netns", "exec", two_hosts[1]], env=slow))
+        outs = finish_all(procs, timeout=200)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    summary = read_summary(tmp_path / "head" / "job-join")
+    assert summary["status"] == "completed" and summary["steps"] == 130 and summary["restarts"] == 0
+    assert (summary["world_size"], summary["nodes"]) == (2, 2)
+    [change] = summary["membership_changes"]
+    assert change["left"] == [] and change["joined"] == [f"{OTHER}:{procs[1].pid}"] and change["world_size"] == 2
+    assert (tmp_path / "other" / "job-join" / "logs" / f"rank-1.attempt-{change['round']}.log").exists()
+
 def _text(path):
     try:
         return path.read_text(errors="replace")
