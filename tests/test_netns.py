@@ -125,7 +125,8 @@ def test_a_host_that_joins_a_running_elastic_job_is_admitted(tmp_path, two_hosts
     rank 0 (c10d orders nodes by address), so its summary lists the join."""
     shared = tmp_path / "ckpt"  # the checkpoint on storage both hosts reach, as on a cluster
     common = ["--nodes", "1:2", "--gpus", "1", "--max-restarts", "0", "--rdzv-endpoint", f"{HEAD}:29559",
-              "--rdzv-id", "join", "--rdzv-timeout", "120", "rdzv.conf.last_call_timeout=5", "trainer.steps=130", "checkpoint.every_steps=10",
+              "--rdzv-id", "join", "--rdzv-timeout", "120", "rdzv.conf.last_call_timeout=5", "trainer.steps=130",
+              "checkpoint.every_steps=10",
               f"checkpoint.dir={shared}", "watchdog.timeout_s=0", *QUICK, "data.dataset_size=2048",
               "wandb.mode=disabled"]
     slow = {"LAUNCHER_INJECT_FAULT": "rank=0,step=1,action=slow"}
