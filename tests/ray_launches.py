@@ -61,19 +61,21 @@ def launch_once(k: int, cancel: bool, root: Path, cluster: RayDevCluster, timeou
     processes_left, cluster_left, tail (the output, where it failed)}."""
     runs = root / f"{k:03d}"
     runs.mkdir()
+    code = root / f"{k:03d}-code"  # the submitting folder Ray ships: not the output folder (that is refused)
+    code.mkdir()
     env = ray_env(cluster)
     args = ["--cluster", "ray", "--nodes", "2", "--gpus", "1", f"output_dir={runs}", *QUICK, "wandb.mode=disabled"]
     started = time.monotonic()
     if not cancel:
-        done = _launcher([*args, "--wait", "trainer.steps=60"], runs, env, timeout)
+        done = _launcher([*args, "--wait", "trainer.steps=60"], code, env, timeout)
         run_dir = next(runs.glob("2*"), runs)
         ok = done.returncode == 0 and _status(run_dir) == "completed"
     else:
-        done = _launcher([*args, "trainer.steps=1000000"], runs, env, timeout)
+        done = _launcher([*args, "trainer.steps=1000000"], code, env, timeout)
         run_dir = next(runs.glob("2*"), runs)
         rank0 = run_dir / "logs" / "rank-0.log"
         _until(lambda: rank0.is_file() and "step " in rank0.read_text(errors="replace"), timeout)
-        stop = _launcher(["cancel", str(run_dir)], runs, env, timeout)
+        stop = _launcher(["cancel", str(run_dir)], code, env, timeout)
         _until(lambda: _status(run_dir) == "interrupted", 60)
         ok = done.returncode == 0 and stop.returncode == 0 and _status(run_dir) == "interrupted"
         done = subprocess.CompletedProcess(done.args, stop.returncode, done.stdout + stop.stdout, done.stderr + stop.stderr)
