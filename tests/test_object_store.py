@@ -1,6 +1,7 @@
-"""checkpoint.dir=s3://...: training saves to, resumes from and survives faults of a real S3 API (moto's server on
-loopback), with the guarantees of local checkpoints: a checkpoint exists once its manifest does, a resume is
-bitwise the uninterrupted run, a damaged one is set aside, credentials never reach the run directory.
+"""checkpoint.dir=s3://... and output_dir=s3://...: training saves to, resumes from and survives faults of a real S3
+API (moto's server on loopback), with the guarantees of local checkpoints: a checkpoint exists once its manifest
+does, a resume is bitwise the uninterrupted run, a damaged one is set aside, credentials never reach the run
+directory; a run whose output_dir is a bucket leaves its whole record there, and `ls`/`logs` read it back.
 
 The launchers reach moto through a small TCP relay, so "the store stops answering" is the relay closing while
 moto (whose state lives in its memory) keeps what was saved, for the test to look at afterwards.
@@ -8,6 +9,7 @@ moto (whose state lives in its memory) keeps what was saved, for the test to loo
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -112,7 +114,22 @@ def store_env(moto, monkeypatch_module):
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     fs.mkdir("ckpts")
+    fs.mkdir("runs")
     return fs
+
+
+@pytest.fixture(scope="module")
+def bucket_run(store_env, moto, tmp_path_factory):
+    """One uninterrupted run with output_dir=s3://runs/exp (its checkpoints there too): the record the `ls` test
+    reads, and the reference the resume test compares with. Its staging folder is under its own TMPDIR."""
+    tmp = tmp_path_factory.mktemp("bucket-run")
+    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{moto}", "TMPDIR": str(tmp)}
+    result = run_launcher([*job(), "output_dir=s3://runs/exp"], cwd=tmp, timeout=240, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    store_env.invalidate_cache()
+    runs = [p.rsplit("/", 1)[-1] for p in store_env.ls("runs/exp")]
+    assert len(runs) == 1, runs
+    return {"run_id": runs[0], "tmp": tmp, "env": env, "result": result}
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +158,9 @@ def assert_no_secret(run_dir: Path) -> None:
             assert SECRET.encode() not in path.read_bytes(), f"the secret key is in {path}"
 
 
-def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_run(tmp_path, store_env, moto):
+def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_run(tmp_path, store_env, moto, bucket_run):
     fs, relay = store_env, Relay(moto)
-    reference = run_launcher([*job(), f"output_dir={tmp_path / 'ref'}"], cwd=tmp_path, timeout=240)
-    assert reference.returncode == 0, reference.stderr
+    reference = json.loads(fs.cat_file(f"runs/exp/{bucket_run['run_id']}/summary.json"))
     url = "s3://ckpts/resume"
     # node 1: saves step 8 (in the background), then is killed while step 16's files are uploaded, unpublished
     first = start_launcher([*job(f"checkpoint.dir={url}", "checkpoint.async_save=true", "checkpoint.keep=2"),
@@ -171,7 +187,7 @@ def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_ru
     node2 = only_run_dir(tmp_path / "node2")
     summary = read_summary(node2)
     assert summary["resumed_from_step"] == 8
-    assert summary["param_checksums"] == read_summary(only_run_dir(tmp_path / "ref"))["param_checksums"]
+    assert summary["param_checksums"] == reference["param_checksums"]
     assert published(fs, "resume") == ["step-00000016", "step-00000024"], second.stdout  # keep=2; the cut-off upload replaced
     assert f"dir: {url}\n" in (node2 / "config.yaml").read_text()  # the URL only: nothing of the credentials
     for run_dir in (node1, node2):
@@ -187,20 +203,47 @@ def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_ru
     relay.close()
 
 
-@pytest.mark.parametrize("where, problem", [
-    ("endpoint", "cannot reach the object store at http://127.0.0.1:"),
-    ("bucket", "the bucket no-such-bucket does not exist: create it"),
+@pytest.mark.parametrize("where, key, problem", [
+    ("endpoint", "checkpoint.dir", "cannot reach the object store at http://127.0.0.1:"),
+    ("bucket", "checkpoint.dir", "the bucket no-such-bucket does not exist: create it"),
+    ("bucket", "output_dir", "the bucket no-such-bucket does not exist: create it, or fix the bucket name in output_dir"),
 ])
-def test_a_wrong_endpoint_or_bucket_is_one_line_before_anything_starts(tmp_path, store_env, moto, where, problem):
+def test_a_wrong_endpoint_or_bucket_is_one_line_before_anything_starts(tmp_path, store_env, moto, where, key, problem):
     url = "s3://no-such-bucket/x" if where == "bucket" else "s3://ckpts/x"
     endpoint = f"http://127.0.0.1:{free_port() if where == 'endpoint' else moto}"
-    result = run_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path / 'out'}"], cwd=tmp_path,
-                          timeout=120, env={**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint})
+    where_to = [f"checkpoint.dir={url}", f"output_dir={tmp_path / 'out'}"] if key == "checkpoint.dir" else [f"output_dir={url}"]
+    result = run_launcher([*job(), *where_to], cwd=tmp_path, timeout=120,
+                          env={**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "TMPDIR": str(tmp_path)})
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and problem in lines[0] and f"checkpoint.dir={url}" in lines[0], result.stderr
+    assert len(lines) == 1 and problem in lines[0] and f"{key}={url}" in lines[0], result.stderr
     assert SECRET not in result.stderr + result.stdout
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("launcher-staging-*"))
+
+
+def test_an_output_dir_in_a_bucket_holds_the_whole_run_record_and_ls_lists_it(store_env, bucket_run):
+    fs, run_id, tmp, env = store_env, bucket_run["run_id"], bucket_run["tmp"], bucket_run["env"]
+    fs.invalidate_cache()
+    names = {p[len(f"runs/exp/{run_id}/"):] for p in fs.find(f"runs/exp/{run_id}")}
+    for name in ("config.yaml", "plan.json", "summary.json", "metrics.jsonl", "logs/launcher.log", "logs/rank-0.log",
+                 "logs/rank-1.log", "checkpoints/step-00000024/manifest.json"):
+        assert name in names, sorted(names)
+    assert not any(n.startswith(("locks/", "heartbeats/", ".")) for n in names), sorted(names)
+    summary = json.loads(fs.cat_file(f"runs/exp/{run_id}/summary.json"))
+    assert summary["status"] == "completed" and summary["steps"] == STEPS
+    for name in names:  # nothing of the credentials in any object of the record
+        assert SECRET.encode() not in fs.cat_file(f"runs/exp/{run_id}/{name}"), name
+    assert f"run record: s3://runs/exp/{run_id}" in bucket_run["result"].stdout
+    assert not list(tmp.glob("launcher-staging-*")), "the staging folder outlived a whole upload"
+    listed = run_launcher(["ls", "s3://runs/exp", "--json"], cwd=tmp, timeout=120, env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["run_id"], r["status"], r["step"], r["path"]) for r in rows] == \
+        [(run_id, "completed", STEPS, f"s3://runs/exp/{run_id}")], rows
+    logs = run_launcher(["logs", f"s3://runs/exp/{run_id}", "--rank", "1"], cwd=tmp, timeout=120, env=env)
+    assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
+    status = run_launcher(["status", run_id, "--output-dir", "s3://runs/exp"], cwd=tmp, timeout=120, env=env)
+    assert status.returncode == 0 and "completed" in status.stdout, status.stdout + status.stderr
 
 
 def test_a_scheme_without_its_package_names_the_extra(tmp_path):

@@ -23,6 +23,7 @@ from launcher.config.rendezvous import launch_mode, shared_run_id
 from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError
+from launcher.objectstore import runrecord
 from launcher.plan import LaunchPlan, build_plan, detect_hardware, new_run_id
 from launcher.rundir import create_run_dir, finish, summary_base
 from launcher.runlock import check_not_a_finished_run, claim
@@ -47,11 +48,14 @@ def launch(cfg: Config, dry_run: bool, started: float,
     """
     interrupts.hold()
     if not dry_run:
-        check_checkpoint_store(cfg)  # first: a wrong endpoint or bucket costs no zygote, no torch import
+        runrecord.check_store(cfg)  # first: a wrong endpoint or bucket costs no zygote, no torch import
+        check_checkpoint_store(cfg)
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
-    backend, plan = plan_launch(cfg, mode)
+    top = runrecord.staging_top(cfg.output_dir, make=not dry_run)  # output_dir=s3://...: a private local folder
+    backend, plan = plan_launch(cfg, mode, top)
+    cfg = runrecord.with_store_checkpoints(cfg, plan.run_id)
     if dry_run:
         print(plan_text(cfg, plan), end="")
         return 0
@@ -62,17 +66,22 @@ def launch(cfg: Config, dry_run: bool, started: float,
     if continuing is None:
         check_not_a_finished_run(plan)
     with interrupts.deferred():  # made whole and ours, then the signal: the backend releases it once it can record it
-        made = create_run_dir(cfg.output_dir, plan.run_id)
+        made = create_run_dir(top, plan.run_id)
         lock = claim(plan)
+    upload = runrecord.uploader(cfg, made, getattr(session, "is_head", True))
     try:
         if continuing is not None:
             continuing(made)
+        if upload is not None:
+            upload.start()
         return backend.run(cfg, plan, started, session)
     except KeyboardInterrupt:  # before the backend could record it (it records its own and returns)
         finish(made, summary_base(cfg, plan), None, "interrupted", started)
         raise
     finally:
         lock.release()
+        if upload is not None:  # however the job ended: its record, summary included, goes up whole
+            upload.close()
 
 
 def check_checkpoint_store(cfg: Config) -> None:
@@ -85,13 +94,14 @@ def check_checkpoint_store(cfg: Config) -> None:
             raise ConfigError(f"checkpoint.dir={url}: {problem}")
 
 
-def plan_launch(cfg: Config, mode: str) -> Tuple[RunsHere, LaunchPlan]:
-    """The engine for the launch mode and the plan, which records that engine's kind."""
+def plan_launch(cfg: Config, mode: str, top: Optional[str] = None) -> Tuple[RunsHere, LaunchPlan]:
+    """The engine for the launch mode and the plan, which records that engine's kind; its run directory is
+    under top (output_dir, or a URL output_dir's local staging folder)."""
     with collector_paused():  # torch's import: see launcher.warmstart
         backend = backend_for(mode)
         backend.runner_module()  # imported here, where the collector is paused
         run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
-        run_dir = str(Path(cfg.output_dir).resolve() / run_id)
+        run_dir = str(Path(top or runrecord.staging_top(cfg.output_dir, make=False)).resolve() / run_id)
         plan = build_plan(cfg, detect_hardware(), run_id, run_dir, backend.pick_port())
     return backend, replace(plan, kind=backend.name)
 

@@ -18,7 +18,9 @@ from typing import Any, Dict, List, Optional
 
 from launcher.errors import ConfigError
 from launcher.commands import table
+from launcher.objectstore import runrecord
 from launcher.runindex import STATUSES, list_runs
+from launcher.trainers.checkpoint.objects import is_url
 from launcher.runtime import formatting
 from launcher.usage import OneLineParser, reader_went_away
 
@@ -47,12 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: List[str]) -> int:
     args = build_parser().parse_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
     root = Path(args.output_dir)
-    if not root.is_dir():
+    remote = is_url(args.output_dir)  # output_dir=s3://...: the records read from the store
+    if not remote and not root.is_dir():
         raise ConfigError(f"no directory {root}: pass the output directory that holds the runs "
                           f"(`python -m launcher ls DIR`; the default is launcher_runs)")
     wanted = parse_statuses(args.status) if args.status else None
     since = parse_since(args.since, time.time()) if args.since else None
-    rows = list_runs(root)
+    rows = runrecord.list_runs(args.output_dir) if remote else list_runs(root)
     if args.slurm:
         ask_slurm(rows)
     rows = filter_rows(rows, wanted, since)

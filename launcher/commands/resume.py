@@ -21,6 +21,7 @@ from launcher.commands.sweep import find_sweep, resume_sweep
 from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
+from launcher.objectstore import runrecord
 from launcher.rundir import archive_rank_logs
 from launcher.usage import OneLineParser
 from launcher.trainers.checkpoint.files import Location, checkpoint_dir, latest_valid, read_manifest
@@ -69,14 +70,15 @@ def main(argv: List[str]) -> int:
         return resume_sweep(sweep_dir, list(args.overrides), args.parallel, args.dry_run, checkpoint_step)
     if args.parallel is not None:
         raise ConfigError("--parallel applies to a sweep folder: drop it to resume one run")
-    run_dir = find_run(args.run, args.output_dir)
+    remote = runrecord.run_url(args.run, args.output_dir)  # output_dir=s3://...: the record is read back from there
+    run_dir = runrecord.fetch_run(remote) if remote else find_run(args.run, args.output_dir)
     overrides = list(args.overrides) + ([f"launcher.max_restarts={args.max_restarts}"] if args.max_restarts is not None else [])
     check_overrides(overrides)
-    cfg, checkpoint, step = resolve(run_dir, overrides)
+    cfg, checkpoint, step = resolve(run_dir, overrides, remote.rpartition("/")[0] if remote else None)
     if args.dry_run:
-        print(f"would resume {run_dir} from {checkpoint} (step {step}) to step {cfg.trainer.steps}")
+        print(f"would resume {remote or run_dir} from {checkpoint} (step {step}) to step {cfg.trainer.steps}")
         return 0
-    return launch(cfg, run_dir, checkpoint, step)
+    return launch(cfg, run_dir, checkpoint, step, earlier=run_dir if remote else None)
 
 
 def checkpoint_step(run_dir: Path) -> Optional[int]:
@@ -114,10 +116,12 @@ def check_overrides(overrides: List[str]) -> None:
                           f"start a new run for that; resume accepts {allowed}")
 
 
-def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Location, int]:
-    """The recorded config with the overrides, the checkpoint to start from, and its step."""
+def resolve(run_dir: Path, overrides: List[str], output_dir: Optional[str] = None) -> Tuple[Config, Location, int]:
+    """The recorded config with the overrides, the checkpoint to start from, and its step. output_dir: where the run
+    is recorded when that is not run_dir's folder (an object-store URL, its record read back into run_dir)."""
 
-    cfg = load_config(str(run_dir / "config.yaml"), overrides + [f"output_dir={run_dir.parent}", f"run_id={run_dir.name}"],
+    cfg = load_config(str(run_dir / "config.yaml"),
+                      overrides + [f"output_dir={output_dir or run_dir.parent}", f"run_id={run_dir.name}"],
                       label="the run's recorded config")
     if cfg.script.path is not None:
         raise ConfigError(f"run {run_dir.name} ran your script {cfg.script.path}: resume continues the built-in "
@@ -135,10 +139,13 @@ def resolve(run_dir: Path, overrides: List[str]) -> Tuple[Config, Location, int]
     return cfg, checkpoint, step
 
 
-def launch(cfg: Config, run_dir: Path, checkpoint: Location, step: int) -> int:
-    """The recorded run's backend (a simulated multi-node run gets its nodes again), in its own directory."""
+def launch(cfg: Config, run_dir: Path, checkpoint: Location, step: int, earlier: Optional[Path] = None) -> int:
+    """The recorded run's backend (a simulated multi-node run gets its nodes again), in its own directory (for a
+    record on object storage, a new staging folder that gets the record read back, `earlier`, first)."""
 
     def take_over(locked: Path) -> None:
+        if earlier is not None:
+            runrecord.restore(earlier, locked)
         log = setup_launcher_logging(locked / "logs" / "launcher.log")
         kept = archive_rank_logs(locked, f"before-resume-{len(list((locked / 'logs').glob('before-resume-*'))) + 1}")
         log.info(f"resuming run {run_dir.name} from {os.path.basename(str(checkpoint))} (step {step}) to step {cfg.trainer.steps}"

@@ -10,6 +10,7 @@ from typing import Callable, List, Optional, Tuple, Union
 from launcher.backends import registry
 from launcher.backends.base import Backend, read_record
 from launcher.errors import ConfigError
+from launcher.objectstore.runrecord import fetch_run, run_url
 from launcher.runindex import is_run_dir
 from launcher.usage import OneLineParser
 
@@ -36,7 +37,11 @@ def parse_run_args(command: str, description: str, argv: List[str],
 
 
 def locate_run(run: str, output_dir: str) -> Path:
-    """RUN is a run directory, a run id under output_dir, or a job id one of them recorded (job.json)."""
+    """RUN is a run directory, a run id under output_dir, or a job id one of them recorded (job.json); or a run on
+    object storage (URL/RUN_ID, or RUN_ID under an --output-dir URL), its record read back into a private folder."""
+    remote = run_url(run, output_dir)
+    if remote:
+        return fetch_run(remote)
     for candidate in (Path(run), Path(output_dir) / run):
         if candidate.is_dir() and is_run_dir(candidate):
             return candidate.resolve()

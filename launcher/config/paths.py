@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher import configs as shipped_configs
+from launcher.config.inputs import check_no_tilde
 from launcher.errors import ConfigError
 from launcher.trainers.checkpoint.objects import missing_implementation
 
@@ -74,25 +75,37 @@ def check_checkpoint_dir(path: Optional[str]) -> None:
     if path is None:
         return
     if URL_SCHEME.match(path):
-        check_checkpoint_url(path)
+        check_store_url(path, "checkpoint.dir")
         return
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"checkpoint.dir={path} is an existing file, not a directory: give a directory's path "
                           "(it is made if missing)")
 
 
-def check_checkpoint_url(url: str) -> None:
-    """An object-store checkpoint.dir: no credentials in it (they would be recorded in config.yaml), a bucket,
-    and a scheme whose fsspec implementation is installed (s3fs, gcsfs: the [s3] and [gcs] extras)."""
+def check_output_dir(path: str, cluster: str) -> None:
+    """output_dir is a local folder, or an object-store URL for a job launched from here (launcher.objectstore):
+    a SLURM or Ray job's nodes write their run directory themselves, on a shared folder."""
+    check_no_tilde(path, "output_dir")
+    if not URL_SCHEME.match(path):
+        return
+    if cluster != "local":
+        raise ConfigError(f"output_dir={path}: an object-store output_dir is for jobs launched here, not --cluster "
+                          f"{cluster}: give a folder the nodes share, and checkpoint.dir={path.rstrip('/')}/... for the checkpoints")
+    check_store_url(path, "output_dir")
+
+
+def check_store_url(url: str, key: str) -> None:
+    """An object-store checkpoint.dir or output_dir: no credentials in it (they would be recorded in config.yaml),
+    a bucket, and a scheme whose fsspec implementation is installed (s3fs, gcsfs: the [s3] and [gcs] extras)."""
     scheme, _, rest = url.partition("://")
     if scheme.lower() == "file":
-        raise ConfigError(f"checkpoint.dir={url}: give the local path itself, without file://")
+        raise ConfigError(f"{key}={url}: give the local path itself, without file://")
     if "@" in rest.split("/", 1)[0]:
-        raise ConfigError(f"checkpoint.dir: credentials do not belong in the URL (they would be recorded with the run): "
+        raise ConfigError(f"{key}: credentials do not belong in the URL (they would be recorded with the run): "
                           f"write {scheme}://BUCKET/PREFIX and set them in the environment (AWS_ACCESS_KEY_ID, "
                           "AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
     if not rest.strip("/"):
-        raise ConfigError(f"checkpoint.dir={url} names no bucket: write {scheme}://BUCKET/PREFIX")
+        raise ConfigError(f"{key}={url} names no bucket: write {scheme}://BUCKET/PREFIX")
     problem = missing_implementation(url)
     if problem:
-        raise ConfigError(f"checkpoint.dir={url}: {problem}")
+        raise ConfigError(f"{key}={url}: {problem}")

@@ -15,7 +15,7 @@ import yaml
 from launcher.errors import ConfigError
 from launcher.config.inputs import (check_finite, check_int_bounds, check_no_tilde, check_override, check_run_id,
                                     parse_yaml_mapping, section_given_a_value)
-from launcher.config.paths import check_checkpoint_dir, check_script, resolve_config_path
+from launcher.config.paths import check_checkpoint_dir, check_output_dir, check_script, resolve_config_path
 from launcher.config.yaml_limits import MAX_YAML_BYTES, dump_yaml
 from launcher.config.rendezvous import validate_rendezvous
 from launcher.config.elastic import check_elastic
@@ -271,7 +271,7 @@ def _explain(where: str, e: Exception, layer: Any) -> str:
 def validate(cfg: Config) -> None:
     """Check values the type system cannot; every message names the fix."""
     check_finite(cfg)
-    check_no_tilde(cfg.output_dir, "output_dir")
+    check_output_dir(cfg.output_dir, cfg.cluster)  # no ~, and a URL only for a launch from here
     check_no_tilde(cfg.checkpoint.dir, "checkpoint.dir")
     if cfg.run_id is not None:
         check_run_id(cfg.run_id)

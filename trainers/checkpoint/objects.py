@@ -157,8 +157,9 @@ def set_aside(checkpoint: str) -> None:
     remove(checkpoint)
 
 
-def preflight(url: str) -> Optional[str]:
-    """Why url cannot hold checkpoints (store unreachable, no such bucket, not writable), else None.
+def preflight(url: str, key: str = "checkpoint.dir") -> Optional[str]:
+    """Why url cannot hold checkpoints (or, key output_dir, run records): the store unreachable, no such bucket,
+    not writable; else None.
 
     Writes and deletes one empty probe object: only a write shows that these credentials may write there.
     """
@@ -169,7 +170,7 @@ def preflight(url: str) -> Optional[str]:
         fs.rm_file(probe)
     except FileNotFoundError:
         bucket = path.split("/", 1)[0]
-        return f"the bucket {bucket} does not exist: create it, or fix the bucket name in checkpoint.dir"
+        return f"the bucket {bucket} does not exist: create it, or fix the bucket name in {key}"
     except PermissionError as e:
         return f"not writable with these credentials ({_first_line(e)}): check AWS_ACCESS_KEY_ID/AWS_PROFILE " \
                "and the bucket's permissions"
