@@ -243,7 +243,8 @@ def test_an_output_dir_in_a_bucket_holds_the_whole_run_record_and_ls_lists_it(st
     logs = run_launcher(["logs", f"s3://runs/exp/{run_id}", "--rank", "1"], cwd=tmp, timeout=120, env=env)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
     status = run_launcher(["status", run_id, "--output-dir", "s3://runs/exp"], cwd=tmp, timeout=120, env=env)
-    assert status.returncode == 0 and "completed" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and "COMPLETED" in status.stdout, status.stdout + status.stderr
+    assert f"run directory s3://runs/exp/{run_id}" in status.stdout
 
 
 def test_a_scheme_without_its_package_names_the_extra(tmp_path):

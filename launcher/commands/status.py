@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import List
 
 from launcher.commands.runref import locate_backend, parse_run_args
+from launcher.objectstore.runrecord import run_url
 
 
 def main(argv: List[str]) -> int:
@@ -16,5 +17,5 @@ def main(argv: List[str]) -> int:
     run_dir, backend = locate_backend(args.run, args.output_dir)
     described = backend.describe(run_dir)
     print(described.line)
-    print(f"run directory {run_dir}")
+    print(f"run directory {run_url(args.run, args.output_dir) or run_dir}")  # a record read back: where it is kept
     return described.exit_code  # 0 while it runs; after it ended, what `--wait` would have returned

@@ -26,12 +26,14 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from launcher.config.schema import Config
 from launcher.errors import ConfigError
 from launcher.runtime import safefs
 from launcher.trainers.checkpoint.objects import filesystem, is_url, join, preflight
+
+if TYPE_CHECKING:  # `ls` and `logs` import this module and need no config
+    from launcher.config.schema import Config
 
 log = logging.getLogger("launcher")
 RECORD_FILES = frozenset(("config.yaml", "plan.json", "summary.json", "metrics.jsonl", "job.json"))
