@@ -34,7 +34,9 @@ def test_an_unknown_setting_is_one_value_error_naming_the_key_and_the_fix(tmp_pa
         launcher.submit(api_functions.environment, "x", script_path="train.py", output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="trainer.steps"):  # a known key with a value the config refuses
         launcher.submit(api_functions.environment, "x", trainer_steps="many", output_dir=str(tmp_path))
-    assert list(tmp_path.iterdir()) == []  # refused before anything was made
+    with pytest.raises(ValueError, match="keep a run in a local folder"):  # not a local folder named s3:
+        launcher.submit(api_functions.environment, "x", output_dir="s3://bucket/runs")
+    assert list(tmp_path.iterdir()) == [] and not Path("s3:").exists()  # refused before anything was made
 
 
 def test_a_result_file_not_signed_by_the_job_is_refused(tmp_path):

@@ -24,7 +24,9 @@ from launcher.api.payload import write_payload
 from launcher.api.settings import overrides_for, resolve
 from launcher.backends import registry
 from launcher.backends.children import launcher_module_command
+from launcher.config.paths import URL_SCHEME
 from launcher.config.schema import ScriptConfig
+from launcher.errors import SettingError
 from launcher.plan import new_run_id
 
 WORKER = "launcher.api.worker"
@@ -56,6 +58,9 @@ def submit(fn: Callable[..., Any], *args: Any, **settings: Any) -> Job:
     cfg = resolve(overrides, ScriptConfig(path=WORKER, module=True, args=["CALL_FILE"]))
     call = cloudpickle.dumps((fn, args))  # before anything is made: an unpicklable function fails here
     run_id = cfg.run_id or new_run_id()
+    if URL_SCHEME.match(str(cfg.output_dir)):  # the call's payload and result files need a folder (launcher.api.payload)
+        raise SettingError(f"output_dir={cfg.output_dir}: launcher.launch and launcher.submit keep a run in a local "
+                          f"folder: give one, and checkpoint_dir=\"{str(cfg.output_dir).rstrip('/')}/...\" for the checkpoints")
     output_dir = Path(cfg.output_dir).resolve()
     run_dir = output_dir / run_id
     output_dir.mkdir(parents=True, exist_ok=True)
