@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
@@ -26,6 +27,7 @@ from launcher.plan import LaunchPlan
 from launcher.runtime import safefs
 
 LOCK_DIR = "locks"
+RECORD_WAIT_S = 3.0  # how long a reader waits for a held lock's record to be written (its holder just created it)
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,16 @@ def _try_lock(path: Path) -> Optional[int]:
     return fd
 
 
+RECORD_BYTES = 1024  # every record is padded to this: rewriting one never leaves it empty or half old, half new
+
+
 def _write_record(fd: int, record: str) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record.encode() + b"\n", 0)
+    """One write of a fixed-size record: no truncate-then-write window in which another launcher reads an empty
+    lock file (a requeued SLURM job's nodes claim their slots at the same moment, and node 0 took node 1's
+    emptied record for a foreign job's: "in use by the launcher on host ?, pid 0")."""
+    data = record.encode()[:RECORD_BYTES - 1]
+    os.pwrite(fd, data + b" " * (RECORD_BYTES - 1 - len(data)) + b"\n", 0)
+    os.ftruncate(fd, RECORD_BYTES)  # a record of an older, longer format: cut its tail
     os.fsync(fd)
 
 
@@ -176,15 +185,25 @@ def _holder_if_held(path: Path, slot: int) -> Optional[Holder]:
             return None  # nobody holds it
         except BlockingIOError:
             pass
-        data: Dict[str, Any] = {}
-        try:
-            data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-        except ValueError:
-            pass  # its holder is between truncating and writing: still a holder
+        data = _read_record(fd)
         return Holder(slot, str(data.get("host", "?")), int(data.get("pid", 0)), str(data.get("job", "")),
                       os.fstat(fd).st_mtime)
     finally:
         os.close(fd)
+
+
+def _read_record(fd: int) -> Dict[str, Any]:
+    """A held lock's record. Empty only between its holder's O_CREAT and its first write: wait for that
+    (bounded) rather than take the holder for another job's launcher."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while True:
+        try:
+            data = json.loads(os.pread(fd, 2 * RECORD_BYTES, 0).decode() or "{}")
+        except ValueError:
+            data = {}
+        if (isinstance(data, dict) and data.get("job")) or time.monotonic() > deadline:
+            return data if isinstance(data, dict) else {}
+        time.sleep(0.05)
 
 
 def _in_use(plan: LaunchPlan, holders: List[Holder]) -> ConfigError:
