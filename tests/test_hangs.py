@@ -111,7 +111,9 @@ def test_a_rank_on_node_1_that_never_reaches_init_process_group_is_named(tmp_pat
     assert error.startswith("node 1: stuck start: no progress within 4s"), error  # the cause leads
     assert "not in init_process_group: rank 1 in sleep_forever (ddp_hang.py:" in error, error
     assert "node 0: stuck start" in error and "waiting: rank 0 in init_process_group (ddp_hang.py:" in error, error
-    assert time.monotonic() - started < 4 + BOUND_S + 15, "the nodes did not stop together"  # + imports and meeting
+    # + imports and meeting: 15 s on a quiet machine, 40 s and more at the suite's load 20 (the default
+    # start timeout this catches early is 600 s)
+    assert time.monotonic() - started < 4 + BOUND_S + 60, "the nodes did not stop together"
 
 
 def test_a_stuck_start_on_node_0_is_named_across_machines(tmp_path):
