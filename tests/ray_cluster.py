@@ -57,11 +57,19 @@ class RayDevCluster:
         common = ["--block", f"--num-cpus={CPUS_PER_NODE}", "--num-gpus=0", "--object-store-memory=100000000",
                   "--disable-usage-stats"]
         self.common = common
-        head = [ray_bin, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                f"--ray-client-server-port={free_port()}",
-                f"--temp-dir={self.temp}", *common]
-        self._spawn(head, "head")
-        assert self._wait_started(self.procs[0], "head", timeout), f"the Ray head did not start: see {self.root}/head.out"
+        for attempt in range(3):  # Ray's own start-up timeouts (GCS, raylet) can end a head on a loaded machine
+            if attempt:  # what a failed head left may still hold its port
+                self.port = free_port()
+                self.address = f"127.0.0.1:{self.port}"
+            head = [ray_bin, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                    f"--ray-client-server-port={free_port()}", f"--temp-dir={self.temp}", *common]
+            self._spawn(head, "head")
+            if self._wait_started(self.procs[-1], "head", timeout):
+                break
+            SESSION_PIDS.discard(self.procs[-1].pid)
+            self.procs.pop()
+        else:
+            raise AssertionError(f"the Ray head did not start in 3 tries: see {self.root}/head.out")
         self.grow_to(self.count, timeout)
         return self
 
