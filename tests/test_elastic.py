@@ -166,6 +166,10 @@ def test_simulated_job_loses_a_node_and_completes_on_the_others(tmp_path, nodes,
     assert summary["badput_s"]["membership"] > 0
     _epoch0_once(run_dir)
     assert "resumed from" in (run_dir / "logs" / "rank-0.attempt-1.log").read_text()
+    from launcher.board.views import run_view  # what the board's run page lists under its events
+
+    shown = [e["text"] for e in run_view(run_dir)["events"] if e["text"].startswith("membership change")]
+    assert shown == [f"membership change (left: {change['left'][0]}): {left} nodes, world size {left}"]
 
 
 SCRIPT = """

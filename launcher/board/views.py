@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, Dict, List, Optional
 
 from launcher.agent.ranklog import RankLog, rank_lines
 from launcher.runindex import run_row
+from launcher.trainers.metrics.goodput import DIR as GOODPUT_DIR, membership_changes
 from launcher.steps.rows import OWN
 
 SERIES = ("loss", "samples_per_s", "steps_per_s", "step_time_s")
@@ -115,10 +116,27 @@ def failure_events(run_dir: Path) -> List[Dict[str, Any]]:
         attempt = path.stem.rsplit("-", 1)[1]
         what = "hang verdict: the watchdog stopped" if record.get("hang") else "failed"
         events.append({"at": record.get("detected_at"), "text": f"attempt {attempt} {what}"})
+    events += membership_events(run_dir)
     for line in tail_lines(run_dir / "logs" / "launcher.log", 400):
         if EVENT_LEVELS.search(line):
             events.append({"at": None, "text": line})
     return events[-100:]
+
+
+def membership_events(run_dir: Path) -> List[Dict[str, Any]]:
+    """An elastic job's membership changes in its newest launch (while it runs too), as the summary lists them:
+    when, who left or joined, and the world size after. Read from the node agents' round records."""
+    keys = {p.name.split("-", 1)[0] for p in (run_dir / GOODPUT_DIR).glob("*-round-*.json")}
+    launches = [int(k) for k in keys if k.isdigit()]
+    if not launches:
+        return []
+    events = []
+    for change in membership_changes(run_dir, max(launches) / 1000):
+        who = "; ".join([f"left: {', '.join(change['left'])}"] * bool(change["left"]) +
+                        [f"joined: {', '.join(change['joined'])}"] * bool(change["joined"]))
+        events.append({"at": change.get("at"), "text": f"membership change ({who}): {change.get('nodes')} nodes, "
+                                                      f"world size {change.get('world_size')}"})
+    return events
 
 
 def heatmap(metrics: List[Dict[str, Any]], key: str) -> Dict[str, Any]:

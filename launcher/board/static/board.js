@@ -189,7 +189,7 @@ function drawRun(view) {
   showCharts(document.getElementById("logged-charts"), loggedCharts(view.series.step, view.logged || {}));
   const events = view.events.map(e => (e.at ? new Date(e.at * 1000).toLocaleTimeString() + " " : "") + e.text);
   replaceIfChanged(document.getElementById("events-section"), JSON.stringify(events), events.length ? [
-    el("h3", {}, "restarts and hang verdicts, warnings"), el("ul", {id: "events"}, ...events.map(t => el("li", {}, t)))] : []);
+    el("h3", {}, "restarts, hang verdicts, membership changes, warnings"), el("ul", {id: "events"}, ...events.map(t => el("li", {}, t)))] : []);
 }
 
 function runCharts(view) {
