@@ -247,6 +247,41 @@ def test_an_output_dir_in_a_bucket_holds_the_whole_run_record_and_ls_lists_it(st
     assert f"run directory s3://runs/exp/{run_id}" in status.stdout
 
 
+def test_ctrl_c_uploads_the_record_and_resume_from_the_bucket_ends_as_the_uninterrupted_run(store_env, bucket_run):
+    """A run whose record lives only in the bucket: Ctrl-C after its first checkpoint, then `resume URL/RUN` on a
+    machine with nothing of it (its own TMPDIR) continues from that checkpoint to the uninterrupted run's weights."""
+    fs, tmp = store_env, bucket_run["tmp"]
+    reference = json.loads(fs.cat_file(f"runs/exp/{bucket_run['run_id']}/summary.json"))
+    here, there = tmp / "ctrlc-here", tmp / "ctrlc-there"
+    here.mkdir(), there.mkdir()
+    # rank 0 sleeps 1 s a step from step 9 of this first launch only (no CPU, no number changed): Ctrl-C lands mid-run
+    first = start_launcher([*job(), "output_dir=s3://runs/ctrlc"], cwd=here,
+                           env={**bucket_run["env"], "TMPDIR": str(here), "LAUNCHER_INJECT_FAULT": "rank=0,step=9,action=slow"})
+    lines: List[str] = []
+    try:
+        for line in first.stdout:
+            lines.append(line)
+            if "checkpoint saved" in line and "step-00000008" in line:
+                os.killpg(first.pid, 2)  # Ctrl-C, as a terminal sends it to the foreground group
+                break
+        out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            kill_group(first)
+            first.wait()
+    lines.append(out or "")
+    assert first.returncode == 130, "".join(lines)
+    fs.invalidate_cache()
+    [run_url] = [f"s3://{p}" for p in fs.ls("runs/ctrlc")]
+    assert json.loads(fs.cat_file(f"{run_url[5:]}/summary.json"))["status"] == "interrupted"
+    resumed = run_launcher(["resume", run_url], cwd=there, timeout=240, env={**bucket_run["env"], "TMPDIR": str(there)})
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    fs.invalidate_cache()
+    summary = json.loads(fs.cat_file(f"{run_url[5:]}/summary.json"))
+    assert summary["status"] == "completed" and summary["steps"] == STEPS and summary["resumed_from_step"] >= 8
+    assert summary["param_checksums"] == reference["param_checksums"]
+
+
 def test_a_scheme_without_its_package_names_the_extra(tmp_path):
     try:
         import gcsfs  # noqa: F401
