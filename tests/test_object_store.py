@@ -152,6 +152,16 @@ def published(fs, prefix: str) -> List[str]:
     return sorted(p.split("/")[-2] for p in fs.glob(f"ckpts/{prefix}/step-*/manifest.json"))
 
 
+def read_until(proc: subprocess.Popen, marker: str) -> List[str]:
+    """A started launcher's output lines up to and with the first that holds marker (all of it if none does)."""
+    lines: List[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            break
+    return lines
+
+
 def assert_no_secret(run_dir: Path) -> None:
     for path in run_dir.rglob("*"):
         if path.is_file():
@@ -166,12 +176,8 @@ def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_ru
     first = start_launcher([*job(f"checkpoint.dir={url}", "checkpoint.async_save=true", "checkpoint.keep=2"),
                             f"output_dir={tmp_path / 'node1'}"], cwd=tmp_path,
                            env={**via(relay), "LAUNCHER_TEST_SAVE_DELAY_S": "120,step=16"})
-    lines: List[str] = []
     try:
-        for line in first.stdout:
-            lines.append(line)
-            if "save of step 16 delayed" in line:
-                break
+        lines = read_until(first, "save of step 16 delayed")
         assert any("save of step 16 delayed" in line for line in lines), "".join(lines)
         assert fs.ls("ckpts/resume/step-00000016", refresh=True), "step 16's files are not in the bucket yet"
     finally:
@@ -259,11 +265,9 @@ def test_ctrl_c_uploads_the_record_and_resume_from_the_bucket_ends_as_the_uninte
                            env={**bucket_run["env"], "TMPDIR": str(here), "LAUNCHER_INJECT_FAULT": "rank=0,step=9,action=slow"})
     lines: List[str] = []
     try:
-        for line in first.stdout:
-            lines.append(line)
-            if "checkpoint saved" in line and "step-00000008" in line:
-                os.killpg(first.pid, 2)  # Ctrl-C, as a terminal sends it to the foreground group
-                break
+        lines = read_until(first, "checkpoints/step-00000008")
+        if lines and "checkpoints/step-00000008" in lines[-1]:
+            os.killpg(first.pid, 2)  # Ctrl-C, as a terminal sends it to the foreground group
         out, _ = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
@@ -296,13 +300,10 @@ def test_a_store_that_stops_answering_ends_the_job_with_the_last_checkpoint_inta
     fs, relay, url = store_env, Relay(moto), "s3://ckpts/outage"
     proc = start_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path}"], cwd=tmp_path,
                           env={**via(relay), "LAUNCHER_TEST_SAVE_DELAY_S": "3,step=16"})
-    lines: List[str] = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "save of step 16 delayed" in line:
-                relay.close()  # the store goes away between the upload and the manifest
-                break
+        lines = read_until(proc, "save of step 16 delayed")
+        if lines and "save of step 16 delayed" in lines[-1]:
+            relay.close()  # the store goes away between the upload and the manifest
         out, _ = proc.communicate(timeout=180)
     finally:
         kill_group(proc)

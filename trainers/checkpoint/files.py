@@ -49,24 +49,33 @@ def list_checkpoints(ckpt_dir: Location) -> List[Any]:
 
 
 def verify(path: Location) -> Optional[str]:
-    """None when every file matches the manifest, else why not."""
-    if isinstance(path, str):
-        return objects.verify(path, FORMAT)
+    """None when every file matches the manifest (size, then sha256), else why not. A folder or an object-store URL."""
     try:
         manifest = read_manifest(path)
     except (OSError, ValueError) as e:
         return f"no readable {MANIFEST} ({e.__class__.__name__})"
     if manifest.get("format") != FORMAT:
         return f"format {manifest.get('format')!r}, expected {FORMAT}"
+    fs, base = objects.filesystem(path) if isinstance(path, str) else (None, "")
     for name, want in manifest.get("files", {}).items():
-        file = path / name
-        if not file.is_file():
+        try:
+            size, digest = objects.object_size_and_sha256(fs, f"{base}/{name}") if fs is not None \
+                else _local_size_and_sha256(path / name, want["size"])
+        except FileNotFoundError:
             return f"{name} is missing"
-        if file.stat().st_size != want["size"]:
-            return f"{name} has {file.stat().st_size} bytes, expected {want['size']}"
-        if file_sha256(file) != want["sha256"]:
+        if size != want["size"]:
+            return f"{name} has {size} bytes, expected {want['size']}"
+        if digest != want["sha256"]:
             return f"{name} does not match its checksum"
     return None
+
+
+def _local_size_and_sha256(file: Path, expected_size: int) -> tuple:
+    """A file's size and sha256; the hash only when the size is right (a short file needs no read)."""
+    if not file.is_file():
+        raise FileNotFoundError(file)
+    size = file.stat().st_size
+    return size, file_sha256(file) if size == expected_size else ""
 
 
 def read_manifest(path: Location) -> Dict[str, Any]:

@@ -109,27 +109,6 @@ def read_manifest(checkpoint: str) -> Dict[str, Any]:
     return data
 
 
-def verify(checkpoint: str, fmt: int) -> Optional[str]:
-    """None when every object matches the manifest (size and sha256), else why not."""
-    try:
-        manifest = read_manifest(checkpoint)
-    except (OSError, ValueError) as e:
-        return f"no readable {MANIFEST} ({e.__class__.__name__})"
-    if manifest.get("format") != fmt:
-        return f"format {manifest.get('format')!r}, expected {fmt}"
-    fs, path = filesystem(checkpoint)
-    for name, want in manifest.get("files", {}).items():
-        try:
-            size, digest = object_size_and_sha256(fs, f"{path}/{name}")
-        except FileNotFoundError:
-            return f"{name} is missing"
-        if size != want["size"]:
-            return f"{name} has {size} bytes, expected {want['size']}"
-        if digest != want["sha256"]:
-            return f"{name} does not match its checksum"
-    return None
-
-
 def object_size_and_sha256(fs: Any, path: str) -> Tuple[int, str]:
     digest, size = hashlib.sha256(), 0
     with fs.open(path, "rb", block_size=8 << 20) as f:
