@@ -126,7 +126,8 @@ import torch.distributed as dist
 from helper_here import VALUE  # a module of the submitting folder alone
 dist.init_process_group("gloo")
 record = {"file": os.path.realpath(__file__), "cwd": os.path.realpath(os.getcwd()), "value": VALUE,
-          "ignored_file_shipped": os.path.exists("big.bin"), "git_shipped": os.path.exists(".git")}
+          "ignored_file_shipped": os.path.exists("big.bin"), "git_shipped": os.path.exists(".git"),
+          "link_shipped": os.path.lexists("notes")}
 with open(os.path.join(sys.argv[1], f"rank-{dist.get_rank()}.json"), "w") as f:
     json.dump(record, f)
 dist.barrier()
@@ -135,7 +136,7 @@ dist.destroy_process_group()
 
 
 def code_folder(root: Path) -> Path:
-    """A user's folder: a script, a module it imports, a .gitignored 2 MB file and a .git folder."""
+    """A user's folder: a script, a module it imports, a .gitignored 2 MB file, a .git folder and a link out of it."""
     code = root / "code"
     code.mkdir()
     (code / "train_here.py").write_text(SHIPPED_SCRIPT)
@@ -144,6 +145,8 @@ def code_folder(root: Path) -> Path:
     (code / "big.bin").write_bytes(b"\0" * 2_000_000)
     (code / ".git").mkdir()
     (code / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "private.txt").write_text("not for the cluster\n")
+    (code / "notes").symlink_to(root / "private.txt")  # Ray's zip would ship its target's bytes
     return code
 
 
@@ -160,7 +163,8 @@ def test_a_script_only_in_the_submitting_folder_runs_from_the_folder_shipped_to_
         # run from Ray's unpacked copy, not from the submitting folder (which a real node does not have)
         assert not record["file"].startswith(str(code.resolve())), record
         assert Path(record["file"]).parent == Path(record["cwd"]) and "working_dir" in record["cwd"], record
-        assert not record["ignored_file_shipped"] and not record["git_shipped"], record
+        assert not record["ignored_file_shipped"] and not record["git_shipped"] and not record["link_shipped"], record
+    assert "1 symbolic link(s) in" in done.stderr and "(notes)" in done.stderr
     assert ray2.leftovers() == {"placement_groups": [], "actors": []}
 
 

@@ -5,6 +5,10 @@ Ray zips the folder once at the driver's ray.init, unpacks it on each node and s
 what .gitignore and .rayignore files name; EXCLUDES below adds the folders no job needs (.git, virtual
 environments, caches) and the job's own output folder where it lies inside. The size is measured here
 with Ray's own walk, before anything is placed: a folder over ray.ship_limit_mb is refused in one line.
+Symbolic links are left out, each by its own exclude, and named in one warning: Ray's zip follows them (a
+link to a file ships the file's bytes, wherever it lies: ~/.aws/credentials as well as a dataset; a link to a
+folder is walked, a link to "." until the path is too long), and the nodes would get what the link pointed at
+on the submitting machine, never a link.
 With ray.ship_code=false nothing is shipped and the nodes run the code already at the same paths.
 """
 
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.config.schema import Config
 from launcher.errors import ConfigError
@@ -21,6 +25,8 @@ from launcher.errors import ConfigError
 EXCLUDES = (".git", ".venv", "venv", ".env", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache",
             ".ruff_cache", ".tox", ".nox", "node_modules", ".ipynb_checkpoints", "wandb")
 MIB = 1024 * 1024
+GITIGNORE_SPECIAL = "\\*?[]!#"  # characters a gitignore-style pattern reads as syntax: escaped in a link's path
+log = logging.getLogger("launcher")
 
 
 class _TooBig(Exception):
@@ -40,41 +46,65 @@ def excludes(cfg: Config, folder: Path) -> List[str]:
     return found + [f"/{inside.as_posix()}"]
 
 
-def shipped_bytes(folder: Path, patterns: List[str], stop_at: float) -> float:
-    """What Ray would zip of folder (its own walk, its own .gitignore/.rayignore handling), counted up to stop_at."""
+def survey(folder: Path, patterns: List[str], stop_at: float) -> Tuple[float, List[str]]:
+    """What Ray would zip of folder (its own walk, its own .gitignore/.rayignore handling), counted up to stop_at,
+    and the symbolic links that walk meets (relative paths): each is left out, not entered, not counted."""
     from ray._private.runtime_env import packaging  # ray>=2.40; the walk the upload itself takes
 
-    total = [0]
+    total, links = [0], []
     quiet = logging.getLogger("launcher.ray.code")
     quiet.disabled = True  # Ray logs the ignore files it found, and an error for the walk stopped at the limit
 
     def count(path: Path) -> None:
-        if path.is_file() and not path.is_symlink():
+        if path.is_file():
             total[0] += path.stat().st_size
             if total[0] > stop_at:
                 raise _TooBig()
 
-    walk = [packaging._get_excludes(folder, patterns)]
+    def is_link(path: Path) -> bool:  # an exclude of Ray's walk: a link is neither handled nor entered
+        if path.is_symlink():
+            links.append(path.relative_to(folder).as_posix())
+            return True
+        return False
+
     try:
         try:
-            packaging._dir_travel(folder, walk, count, include_gitignore=True, logger=quiet)
+            packaging._dir_travel(folder, [packaging._get_excludes(folder, patterns), is_link], count,
+                                  include_gitignore=True, logger=quiet)
         except TypeError:  # a Ray before include_gitignore (it read .gitignore files always)
-            total[0] = 0
-            packaging._dir_travel(folder, walk[:1], count, logger=quiet)
+            total[0], links[:] = 0, []
+            packaging._dir_travel(folder, [packaging._get_excludes(folder, patterns), is_link], count, logger=quiet)
     except _TooBig:
         pass
-    return float(total[0])
+    return float(total[0]), links
+
+
+def link_pattern(relative: str) -> str:
+    """The exclude that names exactly this path (anchored, its pattern characters escaped)."""
+    return "/" + "".join(f"\\{c}" if c in GITIGNORE_SPECIAL else c for c in relative)
+
+
+def shipped_excludes(cfg: Config, folder: Path) -> List[str]:
+    """excludes(), plus one per symbolic link in what would be shipped."""
+    patterns = excludes(cfg, folder)
+    _, links = survey(folder, patterns, cfg.ray.ship_limit_mb * MIB)
+    return patterns + [link_pattern(link) for link in links]
 
 
 def check_size(cfg: Config, folder: Path) -> float:
     """The shipped size in bytes; one line naming the size and the fixes when it is over ray.ship_limit_mb."""
     limit = cfg.ray.ship_limit_mb * MIB
-    size = shipped_bytes(folder, excludes(cfg, folder), limit)
+    size, links = survey(folder, excludes(cfg, folder), limit)
     if size > limit:
         raise ConfigError(f"the working folder {folder} that --cluster ray ships to every node holds at least "
                           f"{size / MIB:.1f} MiB after excludes (.gitignore, .rayignore, .git, .venv, caches), over "
                           f"ray.ship_limit_mb={cfg.ray.ship_limit_mb:g}: list large files in .gitignore or .rayignore, "
                           "raise ray.ship_limit_mb, or set ray.ship_code=false where every node has the code already")
+    if links:
+        shown = ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else "")
+        log.warning(f"--cluster ray: {len(links)} symbolic link(s) in {folder} are not shipped ({shown}): Ray would "
+                    "ship what they point at. Copy what the job needs into the folder, or set ray.ship_code=false "
+                    "where every node has the code already")
     return size
 
 
@@ -82,7 +112,7 @@ def runtime_env(cfg: Config, folder: Path) -> Optional[Dict[str, Any]]:
     """The job's runtime_env for ray.init: the folder as working_dir; None with ray.ship_code=false."""
     if not cfg.ray.ship_code:
         return None
-    return {"working_dir": str(folder), "excludes": excludes(cfg, folder)}
+    return {"working_dir": str(folder), "excludes": shipped_excludes(cfg, folder)}
 
 
 def script_path(cfg: Config, folder: Path) -> Optional[str]:
