@@ -21,7 +21,8 @@ from typing import List
 
 import pytest
 
-from tests.helpers import QUIET, SESSION_PIDS, kill_group, only_run_dir, read_summary, run_bounded, run_launcher, start_launcher
+from tests.helpers import (QUIET, SESSION_PIDS, communicate_bounded, kill_group, launcher_env, only_run_dir, read_summary, run_bounded,
+                           run_launcher, start_launcher)
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -316,3 +317,41 @@ def test_a_store_that_stops_answering_ends_the_job_with_the_last_checkpoint_inta
     assert latest_valid(url) == f"{url}/step-00000008"  # intact: every object matches its manifest
     summary = read_summary(only_run_dir(tmp_path))
     assert summary["status"] == "failed"
+
+
+def test_a_running_bucket_run_is_listed_as_running_and_its_rank_logs_read_back_before_it_ends(tmp_path, store_env, moto):
+    """The record goes up while the job runs (changed files every runrecord.INTERVAL_S), not only at its end:
+    `ls URL` lists the run as running and `logs URL/RUN --rank 0` shows rank 0's lines, then `ls` says completed.
+    Rank 0 sleeps 1 s a step from step 1 (no CPU): the job outlasts its first periodic upload whatever the load."""
+    from launcher.objectstore.runrecord import INTERVAL_S
+
+    fs, env = store_env, {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{moto}", "TMPDIR": str(tmp_path)}
+    steps = int(INTERVAL_S) + 20  # a first upload 30 s in; 20 s left for `ls` and `logs` once it is there
+    proc = start_launcher(["--gpus", "1", f"trainer.steps={steps}", "trainer.log_every=1", *QUIET,
+                           "output_dir=s3://runs/live"], cwd=tmp_path,
+                          env={**env, "LAUNCHER_INJECT_FAULT": "rank=0,step=1,action=slow"})
+    try:
+        rank0 = ""
+        while proc.poll() is None and f"/{steps} loss" not in rank0:  # the bucket, read as the job runs
+            time.sleep(1)
+            fs.invalidate_cache()
+            found = fs.glob("runs/live/*/logs/rank-0.log")
+            rank0 = fs.cat_file(found[0]).decode() if found else ""
+        assert proc.poll() is None and f"step {steps}/{steps} " not in rank0, \
+            "rank 0's log reached the bucket only as the job ended:\n" + rank0
+        run_id = found[0].split("/")[2]
+        listed, logs = (subprocess.Popen([sys.executable, "-m", "launcher", *argv], cwd=tmp_path, env=launcher_env(env),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                        for argv in (["ls", "s3://runs/live", "--json"], ["logs", f"s3://runs/live/{run_id}", "--rank", "0"]))
+        (rows, ls_err), (log_out, log_err) = (communicate_bounded(p, 60, "ls/logs") for p in (listed, logs))
+        assert proc.poll() is None, "the job ended before `ls` and `logs` read it: the machine is too slow for this test"
+        assert listed.returncode == 0 and logs.returncode == 0, ls_err + log_err
+        assert [(r["run_id"], r["status"]) for r in json.loads(rows)] == [(run_id, "running")], rows
+        first = next(line for line in rank0.splitlines() if f"/{steps} loss" in line)  # "step 1/50 loss ..."
+        assert first in log_out, log_out
+        out, _ = communicate_bounded(proc, 120, "the job")
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, out
+    listed = run_launcher(["ls", "s3://runs/live", "--json"], cwd=tmp_path, timeout=60, env=env)
+    assert [(r["run_id"], r["status"], r["step"]) for r in json.loads(listed.stdout)] == [(run_id, "completed", steps)], listed.stdout
