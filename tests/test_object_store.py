@@ -21,7 +21,7 @@ from typing import List
 
 import pytest
 
-from tests.helpers import (QUIET, SESSION_PIDS, communicate_bounded, kill_group, launcher_env, only_run_dir, read_summary, run_bounded,
+from tests.helpers import (QUIET, SESSION_PIDS, communicate_bounded, finish_all, kill_group, launcher_env, only_run_dir, read_summary, run_bounded,
                            run_launcher, start_launcher)
 
 pytest.importorskip("s3fs")
@@ -355,3 +355,54 @@ def test_a_running_bucket_run_is_listed_as_running_and_its_rank_logs_read_back_b
     assert proc.returncode == 0, out
     listed = run_launcher(["ls", "s3://runs/live", "--json"], cwd=tmp_path, timeout=60, env=env)
     assert [(r["run_id"], r["status"], r["step"]) for r in json.loads(listed.stdout)] == [(run_id, "completed", steps)], listed.stdout
+
+
+def test_every_node_of_a_two_node_bucket_run_removes_its_staging_folder_and_the_record_has_both(tmp_path, store_env, moto):
+    """Two node agents on loopback (--node-rank 0 and 1, as on two machines), output_dir=s3://: each writes in its
+    own staging folder, node 1's rank log reaches the head's (launcher.backends.mirror), the head uploads the
+    record; then neither node leaves its staging folder behind (both under this test's own TMPDIR)."""
+    port, tmp = free_port(), tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{moto}", "TMPDIR": str(tmp)}
+    procs = [start_launcher(["--nodes", "2", "--gpus", "1", "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), "--rdzv-timeout", "60", "trainer.steps=4", *QUIET,
+                             "output_dir=s3://runs/two-nodes"], cwd=tmp_path, env=env) for k in (0, 1)]
+    outs = finish_all(procs, timeout=180)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert not list(tmp.glob("launcher-staging-*")), outs  # only this job's launchers write under tmp
+    record = f"runs/two-nodes/job-127.0.0.1-{port}"
+    store_env.invalidate_cache()
+    names = {p[len(record) + 1:] for p in store_env.find(record)}
+    assert {"logs/rank-0.log", "logs/rank-1.log", "nodes/node-0.json", "nodes/node-1.json", "summary.json"} <= names, sorted(names)
+    assert "rank 1/2 (node 1" in store_env.cat_file(f"{record}/logs/rank-1.log").decode()
+    assert json.loads(store_env.cat_file(f"{record}/summary.json"))["world_size"] == 2
+
+
+def test_a_staging_folder_is_removed_only_while_it_is_the_one_this_launch_made(tmp_path, monkeypatch):
+    """runrecord.Staging removes its own mkdtemp folder and nothing else: not a link put in its place (nor what the
+    link points at), not a folder kept for what is in it, never a local output_dir."""
+    import tempfile
+
+    from launcher.objectstore.runrecord import Staging
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = Staging("s3://runs/x", make=True)
+    assert Path(mine.path).parent == tmp_path and Path(mine.path).name.startswith("launcher-staging-")
+    (Path(mine.path) / "run").mkdir()
+    (Path(mine.path) / "run" / "rank-0.log").write_text("a line")
+    mine.remove()
+    assert not os.path.lexists(mine.path)
+    swapped, victim = Staging("s3://runs/x", make=True), tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("not the launcher's")
+    os.rmdir(swapped.path)
+    os.symlink(victim, swapped.path)
+    swapped.remove()
+    assert os.path.islink(swapped.path) and (victim / "keep.txt").read_text() == "not the launcher's"
+    kept = Staging("s3://runs/x", make=True)
+    kept.keep()
+    kept.remove()
+    assert os.path.isdir(kept.path)
+    local = Staging(str(tmp_path / "out"), make=True)
+    assert local.path == str(tmp_path / "out")
+    local.remove()  # nothing made, nothing removed

@@ -53,7 +53,16 @@ def launch(cfg: Config, dry_run: bool, started: float,
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
-    top = runrecord.staging_top(cfg.output_dir, make=not dry_run)  # output_dir=s3://...: a private local folder
+    staging = runrecord.Staging(cfg.output_dir, make=not dry_run)  # output_dir=s3://...: a private local folder
+    try:
+        return _launch(cfg, mode, dry_run, started, continuing, staging)
+    finally:
+        staging.remove()  # unless kept: a launch that ended early leaves nothing behind either
+
+
+def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: Optional[Callable[[Path], None]],
+            staging: runrecord.Staging) -> int:
+    top = staging.path
     backend, plan = plan_launch(cfg, mode, top)
     cfg = runrecord.with_store_checkpoints(cfg, plan.run_id)
     if dry_run:
@@ -80,8 +89,10 @@ def launch(cfg: Config, dry_run: bool, started: float,
         raise
     finally:
         lock.release()
-        if upload is not None:  # however the job ended: its record, summary included, goes up whole
-            upload.close()
+        if upload is not None and not upload.close():  # however the job ended: its record, summary included, goes up whole
+            staging.keep()  # the upload said where its record is kept
+        elif upload is None and not getattr(session, "files_at_head", True):
+            staging.keep(f"this node's run directory is kept in {made}: not all of its files reached the head")
 
 
 def check_checkpoint_store(cfg: Config) -> None:

@@ -89,6 +89,7 @@ class Sender(_Side):
         self.token_wait_s = token_wait_s
         self.me: Optional[int] = None  # this sender's number at the head, once it ships
         self.posted = 0
+        self.shared = False  # the head writes this node's run directory itself: nothing is to be sent
 
     def loop(self) -> None:
         if self._shares_folder():
@@ -98,6 +99,7 @@ class Sender(_Side):
         while not self.halt.wait(INTERVAL_S):
             if self.store.check([f"{self.me}/shared"]):
                 log.info("the head sees this node's files in its own run directory: nothing more is copied")
+                self.shared = True
                 return
             self._post_some(deadline=time.monotonic())
 
@@ -108,9 +110,10 @@ class Sender(_Side):
                 return True  # no head said where it is: ship nothing rather than guess
         token = self._load("token", self.store.get("token"))
         try:
-            return safefs.read_bytes(os.path.join(self.run_dir, TOKEN_FILE), root=self.run_dir) == token
+            self.shared = safefs.read_bytes(os.path.join(self.run_dir, TOKEN_FILE), root=self.run_dir) == token
         except OSError:
-            return False
+            self.shared = False
+        return self.shared
 
     def _post_some(self, deadline: float) -> bool:
         """Post batches while the head keeps up (until deadline); True once nothing is left to post."""
@@ -127,23 +130,26 @@ class Sender(_Side):
             self.store.set(name, self._dump(name, blob))
             self.posted = int(self.store.add(f"{self.me}/posted", 1))
 
-    def close(self, wait_s: float = END_WAIT_S) -> None:
-        """At the node's end: post what is left, say so, wait (bounded) for the head to apply it. Never raises."""
+    def close(self, wait_s: float = END_WAIT_S) -> bool:
+        """At the node's end: post what is left, say so, wait (bounded) for the head to apply it. Never raises.
+        True once the head has every file of this node (all applied, or its own folder): this one may go."""
         self.halt.set()
         self.thread.join(timeout=wait_s)
-        if self.me is None or self.store is None:
-            return
-        if self.thread.is_alive():  # stuck in a store call (its host is gone): nothing more can be sent
-            return
+        if self.me is None or self.store is None or self.thread.is_alive():  # stuck in a store call: its host is gone
+            return self.shared
         deadline = time.monotonic() + wait_s
         try:
-            if self.store.check([f"{self.me}/shared"]) or not self._post_some(deadline):
-                return
+            if self.store.check([f"{self.me}/shared"]):
+                return True
+            if not self._post_some(deadline):
+                return False
             self.store.set(f"{self.me}/done", self._dump(f"{self.me}/done", str(self.posted).encode()))
             while int(self.store.add(f"{self.me}/acked", 0)) < self.posted and time.monotonic() < deadline:
                 time.sleep(0.05)
+            return int(self.store.add(f"{self.me}/acked", 0)) >= self.posted
         except Exception as e:  # the head's store is gone: what was applied is there
             log.warning(f"copying this node's last log lines to the head failed: {e.__class__.__name__}: {e}")
+            return False
 
 
 class Receiver(_Side):
@@ -193,8 +199,9 @@ class Receiver(_Side):
         if dropped:
             log.warning(f"{dropped} file(s) of a batch of node files had names the launcher does not ship: dropped")
 
-    def close(self, wait_s: float = END_WAIT_S) -> None:
-        """At the job's end: apply the senders' last batches (waiting up to wait_s for them); remove the token."""
+    def close(self, wait_s: float = END_WAIT_S) -> bool:
+        """At the job's end: apply the senders' last batches (waiting up to wait_s for them); remove the token.
+        True: the head's files are its own (nothing of them is elsewhere)."""
         self.halt.set()
         self.thread.join(timeout=wait_s)
         deadline = time.monotonic() + wait_s
@@ -215,6 +222,7 @@ class Receiver(_Side):
                 os.unlink(os.path.join(self.run_dir, TOKEN_FILE))
             except OSError:
                 pass
+        return True
 
 
 def start(plan: Any, host: str, port: int, key: Optional[bytes], head: bool) -> Optional[_Side]:

@@ -48,6 +48,7 @@ class NodeSession:
         self.node_list: List[Dict[str, Any]] = []
         self.met = False
         self.mirror: Any = None  # the other nodes' files copied to the head's run directory (launcher.backends.mirror)
+        self.mirrored: Optional[bool] = None  # once the mirror closed: whether the head has all of this node's files
 
     def meet(self) -> None:
         """Meet the other nodes, or raise naming the problem (settings that differ, a --node-rank used twice)."""
@@ -79,6 +80,12 @@ class NodeSession:
             return (self.plan.node_rank or 0) == 0
         return self.handshake.is_host
 
+    @property
+    def files_at_head(self) -> bool:
+        """Whether this node's run directory holds nothing the head lacks (launcher.backends.dispatch then removes
+        an object-store run's staging folder): its files reached the head, or no rank started here to write any."""
+        return self.mirror is None if self.mirrored is None else self.mirrored
+
     def finish(self, run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str,
                started: float, error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
         """Record this node under nodes/; write summary.json where this node speaks for the job."""
@@ -91,7 +98,7 @@ class NodeSession:
         })
         status, error = self._job_verdict(group, status, error)
         if self.mirror is not None:  # the head waits for the others' last lines and records; they send them
-            self.mirror.close()
+            self.mirrored = self.mirror.close()
             self.mirror = None
         extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend, "rdzv_endpoint": self.plan.rdzv_endpoint}
         if status != "completed" and self.is_head and not self.node_list and self.handshake.store is not None:

@@ -3,8 +3,9 @@
 A job still writes its run directory on a local file system (rank logs, heartbeats, the watchdog and the locks
 need one): a private staging folder (mkdtemp: 0700, new, ours) under the system's temp directory. An Uploader
 copies the run record (RECORD_FILES, RECORD_DIRS) to <url>/<run_id>/ every INTERVAL_S while the job runs (only
-files whose size or time changed) and completely when it ends, however it ends; the staging folder is removed
-once the whole record is up. Checkpoints default to <url>/<run_id>/checkpoints (trainers.checkpoint.objects).
+files whose size or time changed) and completely when it ends, however it ends. Every node of a multi-node job
+has its own staging folder (Staging) and removes it once nothing more is needed from it: the head once the whole
+record is up, another node once its files reached the head (launcher.backends.mirror). Checkpoints default to <url>/<run_id>/checkpoints (trainers.checkpoint.objects).
 
 `ls`, `logs` and `status` read a record back into a private temporary folder and read that as a run directory:
 only object names of the record's own shapes are taken, each of bounded size, written below that folder through
@@ -56,6 +57,36 @@ def staging_top(output_dir: str, make: bool) -> str:
     if not make:  # a dry run: the plan shows the shape of the path; nothing is made
         return os.path.join(tempfile.gettempdir(), "launcher-staging-XXXXXXXX")
     return tempfile.mkdtemp(prefix="launcher-staging-")
+
+
+class Staging:
+    """A launch's staging folder (staging_top), removed by that launch once nothing more is needed from it: on the
+    head once the whole record is up, on another node once the job ended and its files reached the head. Only the
+    folder made here goes: never a link, nor a folder put in its place (rmtree follows no link below it either)."""
+
+    def __init__(self, output_dir: str, make: bool) -> None:
+        self.path = staging_top(output_dir, make)
+        self._made: Optional[Stat] = None  # (device, inode) of the folder mkdtemp made, while it is ours to remove
+        if make and is_url(output_dir):
+            st = os.lstat(self.path)
+            self._made = (st.st_dev, st.st_ino)
+
+    def keep(self, why: Optional[str] = None) -> None:
+        """Something in it is needed still (an upload failed, files did not reach the head): it stays, named."""
+        if self._made is not None and why:
+            log.warning(why)
+            print(why)
+        self._made = None
+
+    def remove(self) -> None:
+        """Remove the folder made here, unless kept; a no-op for a local output_dir or a dry run."""
+        made, self._made = self._made, None
+        try:
+            st = os.lstat(self.path) if made is not None else None
+        except OSError:
+            return
+        if st is not None and stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == made:
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def check_store(cfg: Config) -> None:
@@ -138,7 +169,7 @@ class Uploader:
         return None
 
     def close(self) -> bool:
-        """The whole record, now: the job has ended. True once it is all up (the staging folder is then removed)."""
+        """The whole record, now: the job has ended. True once it is all up (Staging then removes the folder)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=120)
@@ -149,7 +180,6 @@ class Uploader:
             print(f"run record NOT uploaded to {self.url} ({problem}); kept in {self.run_dir}")
             return False
         print(f"run record: {self.url}")
-        shutil.rmtree(self.run_dir.parent, ignore_errors=True)  # our mkdtemp folder: nothing else is in it
         return True
 
 
