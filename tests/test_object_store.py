@@ -9,6 +9,7 @@ moto (whose state lives in its memory) keeps what was saved, for the test to loo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -17,11 +18,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import List
+from typing import Iterator, List
 
 import pytest
 
-from tests.helpers import (QUIET, SESSION_PIDS, communicate_bounded, finish_all, kill_group, launcher_env, only_run_dir, read_summary, run_bounded,
+from tests.helpers import (QUIET, SESSION_PIDS, communicate_bounded, finish_all, kill_group, launcher_env, only_run_dir, read_summary,
                            run_launcher, start_launcher)
 
 pytest.importorskip("s3fs")
@@ -83,12 +84,10 @@ class Relay:
                 pass
 
 
-@pytest.fixture(scope="module")
-def moto():
-    """moto's S3 server on a free loopback port, killed by its pid at the end."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+@contextlib.contextmanager
+def serving(argv: List[str], port: int, what: str) -> Iterator[None]:
+    """A server (argv) answering on 127.0.0.1:port for a module's tests, killed by its pid at the end."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     SESSION_PIDS.add(proc.pid)  # kept for the module's tests: not a test's leftover
     try:
         deadline = time.monotonic() + 60
@@ -97,13 +96,21 @@ def moto():
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "moto's server did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, f"{what} did not start"
                 time.sleep(0.2)
-        yield port
+        yield
     finally:
         kill_group(proc)
         proc.wait(timeout=30)
         SESSION_PIDS.discard(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def moto():
+    """moto's S3 server on a free loopback port."""
+    port = free_port()
+    with serving([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, "moto's server"):
+        yield port
 
 
 @pytest.fixture(scope="module")
@@ -288,13 +295,47 @@ def test_ctrl_c_uploads_the_record_and_resume_from_the_bucket_ends_as_the_uninte
 
 
 def test_a_scheme_without_its_package_names_the_extra(tmp_path):
-    try:
-        import gcsfs  # noqa: F401
-        pytest.skip("gcsfs is installed here")
-    except ImportError:
-        pass
-    result = run_launcher(["--dry-run", "checkpoint.dir=gs://bucket/x"], cwd=tmp_path, timeout=60)
+    """As where gcsfs is not installed: a `gcsfs` first on the path that cannot be imported (the test extra has it)."""
+    (tmp_path / "absent" / "gcsfs").mkdir(parents=True)
+    (tmp_path / "absent" / "gcsfs" / "__init__.py").write_text("raise ImportError(\"No module named 'gcsfs'\")\n")
+    result = run_launcher(["--dry-run", "checkpoint.dir=gs://bucket/x"], cwd=tmp_path, timeout=60,
+                          env={"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "absent"), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 2 and "pip install 'torch-launcher[gcs]'" in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """gcp-storage-emulator (the GCS JSON API, in memory) on a free loopback port, with the bucket ckpts; gcsfs reaches
+    it through STORAGE_EMULATOR_HOST, as Google's own clients reach an emulator."""
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("gcp_storage_emulator")
+    port = free_port()
+    with serving([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+                  "--in-memory", "--quiet", "--default-bucket", "ckpts"], port, "the GCS emulator"):
+        yield {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
+
+
+def test_checkpoints_in_gcs_resume_on_a_new_node_bitwise_as_the_uninterrupted_run(tmp_path, store_env, bucket_run, gcs, monkeypatch):
+    """checkpoint.dir=gs://...: a job that fails at step 12 has published step 8 there; the same command on a node
+    with an empty output folder resumes from it and ends on the uninterrupted run's weights (the S3 run's).
+    Two saves in all (the second job saves only at its end): the emulator answers 501 to GCS's moveTo, which
+    torch's checkpoint writer uses once a save, and gcsfs copies instead only after ~30 s of retries."""
+    reference = json.loads(store_env.cat_file(f"runs/exp/{bucket_run['run_id']}/summary.json"))
+    url = "gs://ckpts/exp"
+    first = run_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path / 'node1'}"], cwd=tmp_path, timeout=240,
+                         env={**gcs, "LAUNCHER_INJECT_FAULT": "rank=1,step=12"})
+    assert first.returncode not in (0, 2), first.stdout + first.stderr
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs["STORAGE_EMULATOR_HOST"])
+    from launcher.trainers.checkpoint.files import latest_valid
+
+    assert latest_valid(url) == f"{url}/step-00000008"  # published, every object matching its manifest
+    second = run_launcher([*job(f"checkpoint.dir={url}", "checkpoint.every_steps=1000"), f"output_dir={tmp_path / 'node2'}"],
+                          cwd=tmp_path, timeout=240, env=gcs)
+    assert second.returncode == 0, second.stdout + second.stderr
+    summary = read_summary(only_run_dir(tmp_path / "node2"))
+    assert summary["resumed_from_step"] == 8
+    assert summary["param_checksums"] == reference["param_checksums"]
+    assert latest_valid(url) == f"{url}/step-00000024"
 
 
 def test_a_store_that_stops_answering_ends_the_job_with_the_last_checkpoint_intact(tmp_path, store_env, moto):
