@@ -75,7 +75,6 @@ class Staging:
         """Something in it is needed still (an upload failed, files did not reach the head): it stays, named."""
         if self._made is not None and why:
             log.warning(why)
-            print(why)
         self._made = None
 
     def remove(self) -> None:
