@@ -6,6 +6,7 @@ detected (``Hardware``) and the executor carries the plan out. ``--dry-run`` pri
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime
 import os
@@ -206,11 +207,26 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
     )
 
 
-def detect_hardware() -> Hardware:
-    """Ask torch what this machine has, without initialising CUDA in this process."""
-    import torch  # here, not at the top: the plan's other functions are pure and load nothing
+def no_gpu_here() -> bool:
+    """True only where torch cannot see a GPU: a CUDA build needs the driver's libcuda.so.1 (not loadable here)
+    and a ROCm build the /dev/kfd device (absent). Otherwise torch is asked."""
+    if os.path.exists("/dev/kfd"):
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")  # loading it initialises nothing; torch loads the same library to count devices
+    except OSError:
+        return True
+    return False
 
-    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+def detect_hardware() -> Hardware:
+    """Ask torch what this machine has, without initialising CUDA in this process; where no GPU can be (no_gpu_here),
+    without torch: a plan refused for this machine's sake (too many CPU workers, fp16) costs no torch import."""
+    cuda = 0
+    if not no_gpu_here():
+        import torch  # here, not at the top: the plan's other functions are pure and load nothing
+
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     exported = os.environ.get("OMP_NUM_THREADS", "")
     return Hardware(cuda_devices=cuda, cpu_cores=cores, omp_threads_env=int(exported) if exported.isdigit() and int(exported) > 0 else None,

@@ -36,6 +36,23 @@ SUMMARY_KEYS = (
 )
 
 
+def check_can_create(output_dir: str) -> None:
+    """Before torch loads: the nearest path of output_dir that exists is a folder this process may write in.
+    create_run_dir is the real test and says the same; this only names early what is sure to fail there."""
+    path = Path(os.path.abspath(output_dir))
+    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
+    if existing is None or not os.path.exists(existing):  # a dangling link: create_run_dir names it
+        return
+    problem = None
+    if not os.path.isdir(existing):  # (a link to a folder is one: create_run_dir resolves output_dir once)
+        problem = errno.ENOTDIR
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = errno.EACCES
+    if problem is not None:
+        raise ConfigError(f"output_dir={output_dir} cannot be written ({os.strerror(problem)}): "
+                          f"pick another with output_dir=PATH")
+
+
 def create_run_dir(output_dir: str, run_id: str) -> Path:
     """Make <output_dir>/<run_id>/logs, or say why it cannot be made."""
     top = Path(output_dir).resolve()  # output_dir: resolved once (plan.json records the run directory under it)

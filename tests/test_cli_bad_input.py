@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from tests.helpers import QUICK, only_run_dir, run_launcher
+from tests.helpers import QUIET, only_run_dir, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -67,7 +67,7 @@ def cases(run, runs, tmp_path):
 
 def test_every_bad_invocation_is_one_line_and_changes_nothing(tmp_path):
     runs = tmp_path / "runs"
-    done = run_launcher(["--gpus", "2", f"output_dir={runs}", "trainer.steps=4", "checkpoint.every_steps=2", *QUICK], cwd=tmp_path)
+    done = run_launcher(["--gpus", "2", f"output_dir={runs}", "trainer.steps=4", "checkpoint.every_steps=2", *QUIET], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     run = only_run_dir(runs)
     (tmp_path / "notours").mkdir()

@@ -10,6 +10,7 @@ import os
 import socket
 from typing import Optional, Tuple
 
+from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.errors import ConfigError
 
 log = logging.getLogger("launcher")
@@ -74,6 +75,18 @@ def choose_interface(host: str, port: int) -> Optional[str]:
         say = log.debug if address.startswith("127.") else log.info  # loopback: nothing to tell
         say(f"workers talk over interface {name} ({address}); set GLOO_SOCKET_IFNAME to choose another")
     return address
+
+
+def check_before_start(mode: str, endpoint: str, node_rank: Optional[int], secret_file: Optional[str]) -> None:
+    """What can fail before anything starts, checked before torch loads: an address that does not resolve, node 0's
+    port taken, a rendezvous secret file that gives no secret (read again when the node meets the others)."""
+    if mode not in ("static", "c10d"):
+        return
+    host, _, port = endpoint.rpartition(":")
+    resolve_or_fail(host.strip("[]"), "--master-addr" if mode == "static" else "--rdzv-endpoint")
+    if mode == "static" and (node_rank or 0) == 0:
+        require_free_port(int(port))
+    read_rdzv_secret(secret_file, os.environ)
 
 
 def require_free_port(port: int) -> None:

@@ -25,7 +25,7 @@ from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.objectstore import runrecord
 from launcher.plan import LaunchPlan, build_plan, detect_hardware, new_run_id
-from launcher.rundir import create_run_dir, finish, summary_base
+from launcher.rundir import check_can_create, create_run_dir, finish, summary_base
 from launcher.runlock import check_not_a_finished_run, claim
 from launcher.runtime import safefs
 from launcher.trainers.checkpoint.files import TMP_PREFIX
@@ -71,6 +71,9 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
     if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
         safefs.refuse_planted(plan.run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
     backend.check_before_start(plan)
+    check_can_create(top or cfg.output_dir)
+    with collector_paused():  # torch's import: see launcher.warmstart
+        backend.runner_module()  # only now: bad input above is refused before torch loads (tests/test_bad_input.py)
     session = backend.meet(plan)  # the nodes of a multi-node job: they agree before any touches the run directory
     if continuing is None:
         check_not_a_finished_run(plan)
@@ -110,7 +113,6 @@ def plan_launch(cfg: Config, mode: str, top: Optional[str] = None) -> Tuple[Runs
     under top (output_dir, or a URL output_dir's local staging folder)."""
     with collector_paused():  # torch's import: see launcher.warmstart
         backend = backend_for(mode)
-        backend.runner_module()  # imported here, where the collector is paused
         run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
         run_dir = str(Path(top or runrecord.staging_top(cfg.output_dir, make=False)).resolve() / run_id)
         plan = build_plan(cfg, detect_hardware(), run_id, run_dir, backend.pick_port())

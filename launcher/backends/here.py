@@ -99,7 +99,9 @@ class MultinodeBackend(HereBackend):
     name, label, modes, runner = "multinode", "multinode run", ("static", "c10d"), "launcher.backends.node"
 
     def check_before_start(self, plan: "LaunchPlan") -> None:
-        self.runner_module().check_before_start(plan)
+        from launcher.backends.addresses import check_before_start
+
+        check_before_start(plan.mode, plan.rdzv_endpoint, plan.node_rank, plan.rdzv_secret_file)
 
     def meet(self, plan: "LaunchPlan") -> Optional[Any]:
         return self.runner_module().meet(plan)

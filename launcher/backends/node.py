@@ -21,7 +21,7 @@ from launcher.agent.watchdog import StartPeers, nodes_verdict
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.agent.zygote import Zygote, die_with_parent
 from launcher.backends import local, mirror
-from launcher.backends.addresses import choose_interface, require_free_port, resolve_or_fail
+from launcher.backends.addresses import choose_interface
 from launcher.backends.handshake import NodeHandshake, describe_nodes
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict
@@ -150,16 +150,6 @@ def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:
                     f"rewrite its rendezvous; give every node the same secret with --rdzv-secret-file PATH or "
                     f"{env.RDZV_SECRET} (docs/security.md)")
     return key
-
-
-def check_before_start(plan: LaunchPlan) -> None:
-    """What can fail before anything starts: an address that does not resolve, node 0's port taken."""
-    if plan.mode not in ("static", "c10d"):
-        return
-    host, _, port = plan.rdzv_endpoint.rpartition(":")
-    resolve_or_fail(host.strip("[]"), "--master-addr" if plan.mode == "static" else "--rdzv-endpoint")
-    if plan.mode == "static" and (plan.node_rank or 0) == 0:
-        require_free_port(int(port))
 
 
 def meet(plan: LaunchPlan) -> NodeSession:
