@@ -13,6 +13,7 @@ env_capture.py measures it); finish() waits for it briefly so a short run still 
 from __future__ import annotations
 
 import ast
+import email.parser
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -116,9 +117,13 @@ def installed_packages() -> List[List[str]]:
     """`pip freeze` without running pip: every distribution on sys.path, name and version (sorted)."""
     seen: Dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name") if dist.metadata else None
+        # the header block only: dist.metadata parses each whole file, long description and all, and
+        # dist.version parses it again (0.37 CPU-s for 200 packages, against 0.06 here; same names and versions)
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        header = email.parser.HeaderParser().parsestr(text.split("\n\n", 1)[0])
+        name, version = header.get("Name"), header.get("Version")
         if name and name.lower() not in seen:
-            seen[name.lower()] = f"{name}=={dist.version}"
+            seen[name.lower()] = f"{name}=={version}"
     return [entry.split("==", 1) for _, entry in sorted(seen.items())]
 
 
