@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from tests.helpers import QUICK, only_run_dir, read_metrics, read_summary, run_launcher
+from tests.helpers import QUIET, only_run_dir, read_metrics, read_summary, run_launcher
 from launcher.trainers.metrics.goodput import CAUSES, account
 
 pytestmark = pytest.mark.timeout(240)
 
-JOB = ["--gpus", "2", "trainer.steps=40", "checkpoint.every_steps=8", "trainer.log_every=4", *QUICK]
+# QUIET: W&B is not what goodput counts (its offline run costs a launch ~3 CPU-s; tests/test_metrics_runs.py has it)
+JOB = ["--gpus", "2", "trainer.steps=40", "checkpoint.every_steps=8", "trainer.log_every=4", *QUIET]
 
 
 def test_one_timeline_splits_into_causes_that_add_up():
