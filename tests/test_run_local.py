@@ -1,6 +1,9 @@
 """Real multi-process runs of the built-in trainer on CPU with gloo."""
 
 import json
+import subprocess
+from pathlib import Path
+from typing import Tuple
 
 import pytest
 
@@ -9,17 +12,29 @@ from tests.helpers import QUIET, only_run_dir, read_metrics, read_summary, run_l
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
+STEPS = 40
+
+
+def ddp_job(workers: int, out: Path, seed: int = 3) -> subprocess.CompletedProcess:
+    return run_launcher(["--gpus", str(workers), f"output_dir={out}", f"trainer.steps={STEPS}", "trainer.log_every=5",
+                         "data.record_shards=true", "trainer.lr=3e-3", f"seed={seed}", *QUIET], cwd=out)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory) -> Tuple[subprocess.CompletedProcess, Path]:
+    """The 2-worker job with seed 3: the run the directory test checks and the same-seed test repeats (one launch,
+    ~10 CPU-s, less)."""
+    out = tmp_path_factory.mktemp("two-workers")
+    return ddp_job(2, out), out
+
+
 @pytest.mark.parametrize("workers", [2, 4])
-def test_ddp_job_trains_and_fills_the_run_directory(tmp_path, workers):
-    steps = 40
-    result = run_launcher(
-        ["--gpus", str(workers), f"output_dir={tmp_path}", f"trainer.steps={steps}", "trainer.log_every=5",
-         "data.record_shards=true", "trainer.lr=3e-3", *QUIET],
-        cwd=tmp_path,
-    )
+def test_ddp_job_trains_and_fills_the_run_directory(tmp_path, workers, request):
+    steps = STEPS
+    result, out = request.getfixturevalue("two_workers") if workers == 2 else (ddp_job(workers, tmp_path), tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"no CUDA device: running {workers} CPU workers with gloo" in result.stderr
-    run_dir = only_run_dir(tmp_path)
+    run_dir = only_run_dir(out)
     assert str(run_dir) in result.stderr.splitlines()[-1]  # the closing line names the run directory
 
     for name in ("config.yaml", "plan.json", "metrics.jsonl", "summary.json", "logs/launcher.log"):
@@ -56,11 +71,14 @@ def test_ddp_job_trains_and_fills_the_run_directory(tmp_path, workers):
     assert plan["world_size"] == workers and plan["backend"] == "gloo"
 
 
-def test_same_seed_same_result_and_seed_matters(tmp_path):
-    checksums = []
-    for seed, sub in ((3, "a"), (3, "b"), (4, "c")):
+def test_same_seed_same_result_and_seed_matters(tmp_path, two_workers):
+    first, out = two_workers  # seed 3
+    assert first.returncode == 0, first.stderr
+    checksums = [read_summary(only_run_dir(out))["param_checksum"]]
+    for seed, sub in ((3, "b"), (4, "c")):
         out = tmp_path / sub
-        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=10", f"seed={seed}", *QUIET], cwd=tmp_path)
+        out.mkdir()
+        result = ddp_job(2, out, seed)
         assert result.returncode == 0, result.stderr
         checksums.append(read_summary(only_run_dir(out))["param_checksum"])
     assert checksums[0] == checksums[1]
