@@ -98,13 +98,13 @@ def test_a_script_that_divides_its_global_batch_is_strong_scaling_and_one_that_c
 
 # --- real sweeps ----------------------------------------------------------------------------------------------
 
-def _sweep(tmp_path, sizes, script_args=()):
+def _sweep(tmp_path, sizes, script_args=(), overrides=()):
     """A one-round sweep of ddp_loader.py --epochs 1 (with script_args) at sizes: (its output, folder, scale.json)."""
     shutil.copy(SCRIPT, tmp_path / "ddp_loader.py")
     out = tmp_path / "out"
     out.mkdir()
     result = run_launcher(["scale", *sizes, "--rounds", "1", "--max-rounds", "1", f"output_dir={tmp_path / 'runs'}",
-                           "wandb.group=script-sweep", "ddp_loader.py", "--out", str(out), "--epochs", "1",
+                           "wandb.group=script-sweep", *overrides, "ddp_loader.py", "--out", str(out), "--epochs", "1",
                            *script_args], cwd=tmp_path, timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     sweep = only_run_dir(tmp_path / "runs")
@@ -142,7 +142,9 @@ def test_a_script_sweep_runs_it_unchanged_at_every_size(tmp_path):
 
 
 def test_a_node_sweep_of_a_script_that_keeps_its_global_batch_is_reported_as_strong(tmp_path):
-    result, sweep, scale = _sweep(tmp_path, ["--nodes", "1,2", "--gpus", "1"], ["--global-batch", "32"])
+    # no W&B: the sweep above checks its runs (three offline runs cost ~3 CPU-s each)
+    result, sweep, scale = _sweep(tmp_path, ["--nodes", "1,2", "--gpus", "1"], ["--global-batch", "32"],
+                                  ["wandb.mode=disabled"])
     assert [(r["nodes"], r["gpus_per_node"]) for r in scale["sizes"]] == [(1, 1), (2, 1)]
     _agrees_with_the_runs(sweep, scale, ["n1-g1", "n2-g1"])
     assert [r["batch_per_worker"] for r in scale["sizes"]] == [32.0, 16.0]
