@@ -106,9 +106,16 @@ def test_batch_size_auto_finds_the_largest_batch_under_a_memory_cap(tmp_path_fac
     assert summary["steps"] == 4
 
 
-def test_compile_wraps_the_compiled_model_and_reports_compile_time_apart(tmp_path_factory):
-    eager = train(tmp_path_factory, *MLP)
-    summary, _, _ = train(tmp_path_factory, *MLP, "trainer.compile=true")
+@pytest.fixture(scope="module")
+def mlp_eager(tmp_path_factory):
+    """The MLP, not compiled, logging every 2nd step: shared by the compile test (its eager twin) and the gradient
+    norm test (its lazy norm), which need the same plain run (one launch, ~10 CPU-s, less)."""
+    return train(tmp_path_factory, *MLP, "trainer.log_every=2")
+
+
+def test_compile_wraps_the_compiled_model_and_reports_compile_time_apart(tmp_path_factory, mlp_eager):
+    eager = mlp_eager
+    summary, _, _ = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.compile=true")
     assert summary["compile"] is True and summary["compiled_graphs"] >= 1  # DDP(compiled) really compiled
     assert summary["compile_time_s"] is not None and summary["first_step_time_s"] >= summary["compile_time_s"]
     assert summary["final_loss"] == pytest.approx(eager[0]["final_loss"], rel=1e-4)
@@ -125,10 +132,10 @@ def test_speedup_without_an_accelerator_reports_the_cpu_alone(tmp_path):
     assert figures["results"][0]["samples_per_s"] > 0 and figures["results"][0]["speedup_vs_cpu"] == 1.0
 
 
-def test_the_gradient_norm_read_at_log_steps_is_the_one_clipping_computes_every_step(tmp_path_factory):
+def test_the_gradient_norm_read_at_log_steps_is_the_one_clipping_computes_every_step(tmp_path_factory, mlp_eager):
     """Without clipping the norm is computed only when logged; a clip threshold nothing reaches computes it
     every step and must log the same norms and train to the same parameters."""
-    lazy = train(tmp_path_factory, *MLP, "trainer.log_every=2")
+    lazy = mlp_eager
     eager = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.max_grad_norm=1e9")
     assert [m["grad_norm"] for m in lazy[1]] == pytest.approx([m["grad_norm"] for m in eager[1]], rel=1e-6)
     assert all(m["grad_norm"] > 0 for m in lazy[1])
