@@ -213,10 +213,6 @@ def _sharded_round_trip(rank, store, ckpt_dir, result_file):
         same = all(torch.equal(expected[k], got[k]) for k in expected)
         ckpt.Path(result_file).write_text(f"{resumed.position.step} {same}")
     dist.destroy_process_group()
-    # Leave like a forked worker does (multiprocessing ends it with os._exit): torch 2.13 sometimes
-    # aborts in interpreter teardown after FSDP + DCP ("terminate called without an active exception").
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def _two_ranks(function: str, *args: str, timeout: float = 90) -> None:
@@ -233,11 +229,29 @@ def _two_ranks(function: str, *args: str, timeout: float = 90) -> None:
     assert [p.returncode for p in procs] == [0, 0], outs
 
 
-def test_sharded_fsdp_model_and_optimizer_resume_exactly(tmp_path):
-    result = tmp_path / "result"
-    _two_ranks("_sharded_round_trip", str(tmp_path / "store"), str(tmp_path / "ckpt"), str(result))
+def _both(rank, folder):
+    """The two 2-rank checks below, one after the other, in one pair of processes (each pair imports torch and
+    the trainer, ~3 CPU-s a process); each has its own process group, store and files under folder."""
+    _agree_on_a_stop(rank, f"{folder}/agree-store", f"{folder}/seen")
+    _sharded_round_trip(rank, f"{folder}/store", f"{folder}/ckpt", f"{folder}/result")
+    # Leave like a forked worker does (multiprocessing ends it with os._exit): torch 2.13 sometimes
+    # aborts in interpreter teardown after FSDP + DCP ("terminate called without an active exception").
+    sys.stdout.flush()
+    os._exit(0)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One pair of real rank processes that ran both 2-rank checks (_both): their folder of results."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    _two_ranks("_both", str(folder), timeout=100)
+    return folder
+
+
+def test_sharded_fsdp_model_and_optimizer_resume_exactly(two_ranks):
+    result = two_ranks / "result"
     assert result.read_text() == "3 True"
-    shards = sorted(p.name for p in (tmp_path / "ckpt" / "step-00000003").glob("*.distcp"))
+    shards = sorted(p.name for p in (two_ranks / "ckpt" / "step-00000003").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
 
 
@@ -254,13 +268,10 @@ def _agree_on_a_stop(rank, store, result_file):
     signals.settle()
     ckpt.Path(f"{result_file}.{rank}").write_text(json.dumps(seen))
     dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
 
 
-def test_ranks_agree_on_a_stop_and_a_timed_save_one_step_after_either_rank_asked(tmp_path):
-    result = tmp_path / "seen"
-    _two_ranks("_agree_on_a_stop", str(tmp_path / "store"), str(result), timeout=60)
+def test_ranks_agree_on_a_stop_and_a_timed_save_one_step_after_either_rank_asked(two_ranks):
+    result = two_ranks / "seen"
     seen = [json.loads(ckpt.Path(f"{result}.{rank}").read_text()) for rank in (0, 1)]
     assert seen[0] == seen[1]  # the same decision at the same step on both ranks
     assert [step for step, stop, _ in seen[0] if stop] == [4]  # asked at 3 by rank 1 only
