@@ -244,10 +244,11 @@ def _both(rank, folder):
 def two_ranks(tmp_path_factory):
     """One pair of real rank processes that ran both 2-rank checks (_both): their folder of results."""
     folder = tmp_path_factory.mktemp("two-ranks")
-    _two_ranks("_both", str(folder), timeout=100)
+    _two_ranks("_both", str(folder), timeout=180)  # the two checks' own bounds were 90 and 60 s
     return folder
 
 
+@pytest.mark.timeout(300)  # the first test to ask for two_ranks waits for it (up to 180 s, _two_ranks)
 def test_sharded_fsdp_model_and_optimizer_resume_exactly(two_ranks):
     result = two_ranks / "result"
     assert result.read_text() == "3 True"
@@ -270,6 +271,7 @@ def _agree_on_a_stop(rank, store, result_file):
     dist.destroy_process_group()
 
 
+@pytest.mark.timeout(300)  # as above, where it runs alone
 def test_ranks_agree_on_a_stop_and_a_timed_save_one_step_after_either_rank_asked(two_ranks):
     result = two_ranks / "seen"
     seen = [json.loads(ckpt.Path(f"{result}.{rank}").read_text()) for rank in (0, 1)]
