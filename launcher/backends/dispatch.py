@@ -50,6 +50,7 @@ def launch(cfg: Config, dry_run: bool, started: float,
     if not dry_run:
         runrecord.check_store(cfg)  # first: a wrong endpoint or bucket costs no zygote, no torch import
         check_checkpoint_store(cfg)
+        refuse_planted_links(cfg)  # a named run's planted link costs no zygote, no torch import either
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
@@ -68,8 +69,7 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
     if dry_run:
         print(plan_text(cfg, plan), end="")
         return 0
-    if os.path.lexists(plan.run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
-        safefs.refuse_planted(plan.run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
+    refuse_planted_links_in(plan.run_dir)  # again: run ids known only now, links planted since
     backend.check_before_start(plan)
     check_can_create(top or cfg.output_dir)
     with collector_paused():  # torch's import: see launcher.warmstart
@@ -96,6 +96,18 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
             staging.keep()  # the upload said where its record is kept
         elif upload is None and not getattr(session, "files_at_head", True):
             staging.keep(f"this node's run directory is kept in {made}: not all of its files reached the head")
+
+
+def refuse_planted_links(cfg: Config) -> None:
+    """A run named on the command line (run_id=) in a local output_dir: links planted in its directory are refused
+    before the zygote starts and torch loads, so the one-line refusal costs a fraction of a second."""
+    if cfg.run_id and not is_url(cfg.output_dir):
+        refuse_planted_links_in(str(Path(cfg.output_dir).resolve() / cfg.run_id))
+
+
+def refuse_planted_links_in(run_dir: str) -> None:
+    if os.path.lexists(run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
+        safefs.refuse_planted(run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
 
 
 def check_checkpoint_store(cfg: Config) -> None:
