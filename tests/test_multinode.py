@@ -13,6 +13,7 @@ from tests.helpers import (QUIET, command_line, descendants, finish_all, free_po
 
 pytestmark = pytest.mark.timeout(150)
 STEPS = ["trainer.steps=12", "trainer.log_every=4", *QUIET]
+SLOW_RANKS = {"LAUNCHER_INJECT_FAULT": "rank=0,step=2,action=slow;rank=1,step=2,action=slow"}
 
 
 def assert_one_job(summary, world, node_ranks):
@@ -24,10 +25,21 @@ def assert_one_job(summary, world, node_ranks):
     assert [n["node_rank"] for n in summary["node_list"]] == list(range(len(node_ranks)))
 
 
-def test_simulated_two_nodes_on_one_box(tmp_path):
-    proc = start_launcher(["--nodes", "2", "--gpus", "2", f"output_dir={tmp_path}", *STEPS], tmp_path)
-    out, = finish_all([proc], timeout=120)
-    assert proc.returncode == 0, out
+@pytest.fixture(scope="module")
+def two_simulated_jobs(tmp_path_factory):
+    """Two simulated jobs started at once (2 nodes x 2 workers, 2 nodes x 1): the two-node test reads the first,
+    the no-collision test both; shared because a simulated launch costs ~20 CPU-s."""
+    root = tmp_path_factory.mktemp("two-jobs")
+    outs = [root / "a", root / "b"]
+    procs = [start_launcher(["--nodes", "2", "--gpus", "2", f"output_dir={outs[0]}", *STEPS], root),
+             start_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={outs[1]}", "trainer.steps=4", *QUIET], root)]
+    logs = finish_all(procs, timeout=120)
+    return outs, [p.returncode for p in procs], logs
+
+
+def test_simulated_two_nodes_on_one_box(two_simulated_jobs):
+    (tmp_path, _), codes, (out, _) = two_simulated_jobs
+    assert codes[0] == 0, out
     assert sum("simulating 2 nodes on this machine" in line for line in out.splitlines()) == 1
     run_dir = only_run_dir(tmp_path)
     assert_one_job(read_summary(run_dir), 4, [[0, 1], [2, 3]])
@@ -37,17 +49,14 @@ def test_simulated_two_nodes_on_one_box(tmp_path):
     assert (plan["mode"], plan["rdzv_backend"], plan["rdzv_id"]) == ("simulated", "static", run_dir.name)
 
 
-def test_two_simulated_jobs_at_once_do_not_collide(tmp_path):
-    outs = [tmp_path / "a", tmp_path / "b"]
-    procs = [start_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={o}", "trainer.steps=4", *QUIET], tmp_path)
-             for o in outs]
-    logs = finish_all(procs, timeout=120)
-    assert [p.returncode for p in procs] == [0, 0], logs
+def test_two_simulated_jobs_at_once_do_not_collide(two_simulated_jobs):
+    outs, codes, logs = two_simulated_jobs
+    assert codes == [0, 0], logs
     plans = [json.loads((only_run_dir(o) / "plan.json").read_text()) for o in outs]
     assert plans[0]["rdzv_endpoint"] != plans[1]["rdzv_endpoint"]
     assert plans[0]["rdzv_id"] != plans[1]["rdzv_id"]
-    for o in outs:
-        assert_one_job(read_summary(only_run_dir(o)), 2, [[0], [1]])
+    assert_one_job(read_summary(only_run_dir(outs[0])), 4, [[0, 1], [2, 3]])
+    assert_one_job(read_summary(only_run_dir(outs[1])), 2, [[0], [1]])
 
 
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
@@ -98,8 +107,9 @@ def kill_node_groups(nodes):
 
 
 def start_long_simulated_job(tmp_path):
+    # both ranks sleep 1 s a step from step 2 (no CPU): the job is still running when the test stops it
     proc = start_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={tmp_path}", "trainer.steps=100000",
-                           "trainer.log_every=20", *QUIET], tmp_path)
+                           "trainer.log_every=1", *QUIET], tmp_path, env=SLOW_RANKS)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         runs = [p for p in tmp_path.iterdir() if p.is_dir()]
