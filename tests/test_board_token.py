@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 import pytest
 
 from tests.board_helpers import board, browser_page, get, needs_browser, read_url
-from tests.helpers import QUICK, kill_group, launcher_env, run_bounded, run_launcher
+from tests.helpers import QUIET, kill_group, launcher_env, run_bounded, run_launcher
 
 pytestmark = pytest.mark.timeout(300)
 PATHS = ("/", "/run?path=done", "/logs?path=done", "/api/runs", "/api/run?path=done", "/api/logs?path=done&rank=all",
@@ -32,7 +32,7 @@ def runs(tmp_path_factory) -> Path:
     old = os.umask(0o077)
     try:
         result = run_launcher(["--gpus", "1", f"output_dir={out}", "run_id=done", "trainer.steps=10",
-                               "trainer.log_every=2", *QUICK], cwd=out, timeout=240)
+                               "trainer.log_every=2", *QUIET], cwd=out, timeout=240)
     finally:
         os.umask(old)
     assert result.returncode == 0, result.stderr

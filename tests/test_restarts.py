@@ -10,13 +10,16 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import QUICK, kill_group, launcher_env, only_run_dir, read_metrics, read_summary, run_launcher
+from tests.helpers import QUICK, QUIET, kill_group, launcher_env, only_run_dir, read_metrics, read_summary, run_launcher
 
 pytestmark = pytest.mark.timeout(180)
 
 STEPS = 40
 # 1024 samples / 2 ranks / batch 16 = 32 batches per epoch: checkpoints fall mid-epoch and at epoch ends
 JOB = ["--gpus", "2", f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=4", *QUICK]
+# The same job without W&B's offline run (~3 CPU-s a launch), for the tests of kills and of a multi-node store:
+# the raising-rank, repeated-restart and resume tests keep W&B's run across a restart (same weights either way)
+QUIET_JOB = [*JOB[:-len(QUICK)], *QUIET]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,8 @@ def test_a_restart_across_nodes_meets_in_a_fresh_store(tmp_path, uninterrupted):
     """--nodes 2 (a static rendezvous, as on SLURM and Ray): the restarted workers once read the dead attempt's
     gloo addresses from the store they shared with it (2 of 3 restarts failed: connectFullMesh, connection
     refused). Three restarts in a row, each ending as the uninterrupted run does."""
-    assert JOB[:2] == ["--gpus", "2"]
-    job = ["--nodes", "2", "--gpus", "1", *JOB[2:]]
+    assert QUIET_JOB[:2] == ["--gpus", "2"]
+    job = ["--nodes", "2", "--gpus", "1", *QUIET_JOB[2:]]
     for k in range(3):
         out = tmp_path / f"round-{k}"
         result = run_launcher([*job, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path,
@@ -89,7 +92,7 @@ def test_each_restart_resumes_and_the_last_failure_is_reported(tmp_path, uninter
 
 def test_a_sigkilled_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", *JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
+        [sys.executable, "-m", "launcher", *QUIET_JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
         env=launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=21,action=hang"}),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
@@ -110,7 +113,7 @@ def test_a_killed_zygote_is_replaced_and_the_job_resumes(tmp_path, uninterrupted
     """The zygote that forks the workers, SIGKILLed mid-run: its workers die with it, and the restart forks from a
     new zygote (it once wrote to the dead one's socket: a BrokenPipeError traceback and no summary)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", *JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
+        [sys.executable, "-m", "launcher", *QUIET_JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
         env=launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=21,action=hang"}),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
@@ -168,7 +171,7 @@ def test_running_a_finished_job_again_repeats_nothing(tmp_path, uninterrupted):
 def test_a_kill_during_a_background_write_resumes_from_the_checkpoint_before(tmp_path, uninterrupted):
     """Async saves: rank 1 is SIGKILLed while its write of step 16 is in flight; step 8 is what resumes."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", *JOB, "checkpoint.async_save=true", f"output_dir={tmp_path}",
+        [sys.executable, "-m", "launcher", *QUIET_JOB, "checkpoint.async_save=true", f"output_dir={tmp_path}",
          "--max-restarts", "1"], cwd=tmp_path,
         env=launcher_env({"LAUNCHER_TEST_SAVE_DELAY_S": "60,step=16"}),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

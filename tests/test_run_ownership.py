@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from tests.helpers import QUICK, wait_while_running, kill_group, read_summary, run_launcher, start_launcher
+from tests.helpers import QUIET, wait_while_running, kill_group, read_summary, run_launcher, start_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -70,7 +70,7 @@ def test_a_second_launcher_is_refused_by_name_and_a_new_run_on_a_finished_one_ch
 
 def test_resume_of_a_simulated_two_node_run_completes_and_keeps_the_earlier_rank_logs(tmp_path):
     first = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={tmp_path}", "run_id=sim", "trainer.steps=4",
-                          "trainer.log_every=2", *QUICK], cwd=tmp_path, timeout=300)
+                          "trainer.log_every=2", *QUIET], cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr
     run_dir = tmp_path / "sim"
     earlier = {k: (run_dir / "logs" / f"rank-{k}.log").read_text() for k in (0, 1)}
@@ -90,7 +90,7 @@ def test_resume_of_a_simulated_two_node_run_completes_and_keeps_the_earlier_rank
 def test_sigterm_after_the_last_step_ends_completed(tmp_path):
     steps = 6
     proc = start_launcher(["--gpus", "2", f"output_dir={tmp_path}", "run_id=late", f"trainer.steps={steps}",
-                           "trainer.log_every=1", *QUICK], cwd=tmp_path)
+                           "trainer.log_every=1", *QUIET], cwd=tmp_path)
     run_dir = tmp_path / "late"
     last = run_dir / "checkpoints" / f"step-{steps:08d}" / "manifest.json"
     try:
