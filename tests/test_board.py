@@ -206,8 +206,10 @@ def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
 
 @needs_browser
 def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
+    # both ranks sleep 1 s a step from step 2 (no CPU, where full speed burnt 2 cores while the browser started)
+    slow = {"LAUNCHER_INJECT_FAULT": "rank=0,step=2,action=slow;rank=1,step=2,action=slow"}
     job = start_launcher(["--gpus", "2", f"output_dir={runs}", "run_id=live", "trainer.steps=1000000",
-                          "trainer.log_every=10", *QUIET], cwd=tmp_path)
+                          "trainer.log_every=1", *QUIET], cwd=tmp_path, env=slow)
     try:
         deadline = time.monotonic() + 120
         while not (runs / "live" / "plan.json").is_file() and time.monotonic() < deadline and job.poll() is None:

@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from tests.board_helpers import board, get
-from tests.helpers import QUICK, communicate_bounded, kill_group, run_bounded, run_launcher, start_launcher
+from tests.helpers import QUICK, QUIET, communicate_bounded, kill_group, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(180)
 WHY = "a symlink the launcher did not make"
@@ -33,9 +33,10 @@ def victim(tmp_path: Path) -> Path:
     return path
 
 
-def quick_run(out: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess:
+def quick_run(out: Path, run_id: str, *extra: str, wandb: bool = False) -> subprocess.CompletedProcess:
+    """A 4-step run; W&B's offline run (~3 CPU-s) only where W&B's own links are what the test checks."""
     return run_launcher(["--gpus", "1", f"output_dir={out}", f"run_id={run_id}", "trainer.steps=4",
-                         "trainer.log_every=1", *QUICK, *extra], cwd=out.parent, timeout=150)
+                         "trainer.log_every=1", *(QUICK if wandb else QUIET), *extra], cwd=out.parent, timeout=150)
 
 
 def assert_refused(done: subprocess.CompletedProcess, link: Path) -> None:
@@ -67,7 +68,7 @@ def test_a_link_planted_mid_run_is_refused_when_met_and_never_written_through(tm
     target = victim(tmp_path)
     out = tmp_path / "runs"
     link = out / "r" / "logs" / "rank-0.attempt-1.log"
-    args = ["--gpus", "1", f"output_dir={out}", "run_id=r", "trainer.steps=40", "launcher.max_restarts=1", *QUICK]
+    args = ["--gpus", "1", f"output_dir={out}", "run_id=r", "trainer.steps=40", "launcher.max_restarts=1", *QUIET]
     proc = start_launcher(args, cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=30"})
     try:
         deadline = time.monotonic() + 120
@@ -87,7 +88,7 @@ def test_the_links_wandb_makes_in_its_own_folder_are_no_refusal(tmp_path):
     out = tmp_path / "runs"
     (out / "r" / "wandb" / "offline-run-1").mkdir(parents=True)
     (out / "r" / "wandb" / "latest-run").symlink_to("offline-run-1")  # as W&B leaves it, for a resume to meet
-    done = quick_run(out, "r")
+    done = quick_run(out, "r", wandb=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -102,27 +103,35 @@ def test_a_run_directory_that_is_a_symlink_is_refused_with_nothing_created(tmp_p
     assert os.listdir(elsewhere) == [] and os.listdir(out) == ["r"]
 
 
-def test_an_output_dir_that_is_a_symlink_is_resolved_once_and_recorded(tmp_path):
+@pytest.fixture(scope="module")
+def linked_out_run(tmp_path_factory):
+    """One real run through an output_dir that is a symlink, with a link planted as its first checkpoint's temp:
+    shared by the two tests below (each reads what it checks), as each setup is untouched by the other."""
+    tmp_path = tmp_path_factory.mktemp("linked-out")
     real = tmp_path / "real-out"
-    real.mkdir()
     link = tmp_path / "out-link"
     link.symlink_to(real)
-    done = quick_run(link, "r")
+    target_dir = tmp_path / "victim-dir"
+    target_dir.mkdir()
+    (target_dir / "keep.txt").write_bytes(VICTIM_TEXT)
+    ckpts = real / "r" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / ".tmp-step-00000002").symlink_to(target_dir)
+    done = quick_run(link, "r", "checkpoint.every_steps=2")
+    return real, target_dir, done
+
+
+def test_an_output_dir_that_is_a_symlink_is_resolved_once_and_recorded(linked_out_run):
+    real, _, done = linked_out_run
     assert done.returncode == 0, done.stderr[-2000:]
     plan = json.loads((real / "r" / "plan.json").read_text())
     assert plan["run_dir"] == str(real.resolve() / "r")  # the resolved path, as every later write uses it
     assert json.loads((real / "r" / "summary.json").read_text())["status"] == "completed"
 
 
-def test_a_link_planted_as_a_checkpoint_temp_is_removed_and_the_save_goes_on(tmp_path):
-    target_dir = tmp_path / "victim-dir"
-    target_dir.mkdir()
-    (target_dir / "keep.txt").write_bytes(VICTIM_TEXT)
-    out = tmp_path / "runs"
-    ckpts = out / "r" / "checkpoints"
-    ckpts.mkdir(parents=True)
-    (ckpts / ".tmp-step-00000002").symlink_to(target_dir)
-    done = quick_run(out, "r", "checkpoint.every_steps=2")
+def test_a_link_planted_as_a_checkpoint_temp_is_removed_and_the_save_goes_on(linked_out_run):
+    real, target_dir, done = linked_out_run
+    ckpts = real / "r" / "checkpoints"
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     assert sorted(os.listdir(ckpts)) == ["step-00000002", "step-00000004"]
