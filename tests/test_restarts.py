@@ -17,8 +17,9 @@ pytestmark = pytest.mark.timeout(180)
 STEPS = 40
 # 1024 samples / 2 ranks / batch 16 = 32 batches per epoch: checkpoints fall mid-epoch and at epoch ends
 JOB = ["--gpus", "2", f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=4", *QUICK]
-# The same job without W&B's offline run (~3 CPU-s a launch), for the tests of kills and of a multi-node store:
-# the raising-rank, repeated-restart and resume tests keep W&B's run across a restart (same weights either way)
+# The same job without W&B's offline run (~3 CPU-s a launch; the same weights either way): nothing here checks W&B
+# (tests/test_metrics_runs.py does), so only the reference, the run that trains into its checkpoints and the
+# raising-rank test (a W&B run across an in-job restart) keep it
 QUIET_JOB = [*JOB[:-len(QUICK)], *QUIET]
 
 
@@ -71,7 +72,7 @@ def test_a_restart_across_nodes_meets_in_a_fresh_store(tmp_path, uninterrupted):
 
 def test_each_restart_resumes_and_the_last_failure_is_reported(tmp_path, uninterrupted):
     faults = "rank=1,step=5;rank=0,step=19,attempt=1;rank=0,step=30,attempt=2"
-    ok = run_launcher([*JOB, f"output_dir={tmp_path / 'ok'}", "--max-restarts", "3"], cwd=tmp_path,
+    ok = run_launcher([*QUIET_JOB, f"output_dir={tmp_path / 'ok'}", "--max-restarts", "3"], cwd=tmp_path,
                       env={"LAUNCHER_INJECT_FAULT": faults})
     assert ok.returncode == 0, ok.stderr
     assert "attempt 1: rank 0 failed" in ok.stderr and "attempt 2: rank 0 failed" in ok.stderr
@@ -80,7 +81,7 @@ def test_each_restart_resumes_and_the_last_failure_is_reported(tmp_path, uninter
     assert_same_training(summary, uninterrupted)
 
     out = tmp_path / "out-of-restarts"
-    failed = run_launcher([*JOB, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": faults})
+    failed = run_launcher([*QUIET_JOB, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": faults})
     assert failed.returncode == 1
     run_dir = only_run_dir(out)
     last = failed.stderr.strip().splitlines()[-1]
@@ -137,7 +138,7 @@ def wait_for_hang(output_dir, timeout=90):
 
 
 def test_resume_command_continues_a_finished_run_in_place(tmp_path, uninterrupted):
-    first = run_launcher([*JOB, f"output_dir={tmp_path}", "trainer.steps=20"], cwd=tmp_path)
+    first = run_launcher([*QUIET_JOB, f"output_dir={tmp_path}", "trainer.steps=20"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     run_dir = only_run_dir(tmp_path)
     result = run_launcher(["resume", str(run_dir), f"trainer.steps={STEPS}"], cwd=tmp_path)
