@@ -81,7 +81,8 @@ def test_each_restart_resumes_and_the_last_failure_is_reported(tmp_path, uninter
     assert_same_training(summary, uninterrupted)
 
     out = tmp_path / "out-of-restarts"
-    failed = run_launcher([*QUIET_JOB, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": faults})
+    failed = run_launcher([*QUIET_JOB, f"output_dir={out}", "--max-restarts", "1"], cwd=tmp_path,
+                          env={"LAUNCHER_INJECT_FAULT": faults})
     assert failed.returncode == 1
     run_dir = only_run_dir(out)
     last = failed.stderr.strip().splitlines()[-1]
