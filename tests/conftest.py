@@ -5,8 +5,9 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import time
 import sys
+import time
+from typing import Optional
 
 import psutil
 import pytest
@@ -77,6 +78,19 @@ def xdist_group(item: pytest.Item) -> str:
     if split and callspec is not None and split in callspec.params:
         return f"{item.path.name}:{callspec.params[split]}"  # no "]": xdist takes "...]@name" for no group
     return item.path.name
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:
+    from tests.ray_cluster import stop_unless_next_needs_it
+
+    stop_unless_next_needs_it(nextitem)  # the Ray tests' shared cluster, once the Ray tests are done here
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.ray_cluster import stop_shared
+
+    stop_shared()
 
 
 @pytest.fixture(autouse=True)

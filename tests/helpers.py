@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 SESSION_PIDS: Set[int] = set()  # clusters that fixtures keep for several tests: not a test's leftovers (conftest)
 QUICK = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "data.batch_size=16"]
 # QUICK without W&B's offline run (its service costs a launch ~3 CPU-s and ~3 s, a tenth of the suite's CPU on
-# 2 cores): for tests of something else. W&B's own tests (test_metrics_runs, test_script_metrics, the contract's
-# script jobs, test_restarts, the stress tests) keep the default offline run.
+# 2 cores): for tests of something else. W&B's own tests (test_metrics_runs, test_script_metrics) and a default
+# run in each of several paths (the contract's successful and Ctrl-C'd script jobs on every backend, the restart
+# tests' reference and raising-rank runs, the exit stress) keep the default offline run.
 QUIET = [*QUICK, "wandb.mode=disabled"]
 
 

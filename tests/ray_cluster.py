@@ -161,14 +161,41 @@ class RayDevCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
+SHARED: Dict[str, RayDevCluster] = {}  # the one cluster the Ray tests share, while they run one after another
+
+
 def ray_cluster(tmp_path_factory: Any, nodes: int):
-    """Generator body of a module-scoped fixture: a started cluster, stopped after the module."""
+    """Generator body of a module-scoped fixture: the Ray tests' shared cluster with `nodes` nodes alive.
+
+    One cluster serves every Ray test (a start costs ~18 CPU-s and ~20 s, and its idle nodes ~6 CPU-s a
+    minute): a larger size grows it, a smaller one starts it afresh. It stops once the next test this
+    process runs needs no Ray (stop_unless_next_needs_it, from tests/conftest.py), or at the session's end.
+    """
     ray_or_skip()
-    cluster = RayDevCluster(tmp_path_factory.mktemp(f"ray{nodes}"), nodes)
-    try:
-        yield cluster.start()
-    finally:
+    cluster = SHARED.get("cluster")
+    if cluster is not None and cluster.count > nodes:
+        stop_shared()
+        cluster = None
+    if cluster is None:
+        cluster = RayDevCluster(tmp_path_factory.mktemp(f"ray{nodes}"), nodes).start()
+        SHARED["cluster"] = cluster
+    else:
+        cluster.count = max(cluster.count, nodes)
+        cluster.grow_to(nodes)  # a node an earlier test killed is replaced
+    yield cluster
+
+
+def stop_shared() -> None:
+    cluster = SHARED.pop("cluster", None)
+    if cluster is not None:
         cluster.stop()
+
+
+def stop_unless_next_needs_it(nextitem: Any) -> None:
+    """After a test: the shared cluster stops unless the next test on this process is a Ray test too (under
+    pytest-xdist one worker runs the whole `ray` group in a row, tests/conftest.py)."""
+    if "cluster" in SHARED and (nextitem is None or nextitem.get_closest_marker("ray") is None):
+        stop_shared()
 
 
 def ray_env(cluster: RayDevCluster) -> Dict[str, str]:
