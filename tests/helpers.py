@@ -21,6 +21,8 @@ QUICK = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_si
 # run in each of several paths (the contract's successful and Ctrl-C'd script jobs on every backend, the restart
 # tests' reference and raising-rank runs, the exit stress) keep the default offline run.
 QUIET = [*QUICK, "wandb.mode=disabled"]
+# The same for a script job (a script run starts W&B's offline run too): for script tests of something else.
+NO_WANDB = ["wandb.mode=disabled"]
 
 
 def launcher_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

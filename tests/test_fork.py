@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import QUICK, REPO, launcher_env, only_run_dir, read_summary, run_launcher
+from tests.helpers import NO_WANDB, QUIET, REPO, launcher_env, only_run_dir, read_summary, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -54,16 +54,29 @@ def observe(tmp_path, launcher_argv, name):
     return [json.loads((out / f"seen-{r}.json").read_text()) for r in range(2)], str(out)
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_script_sees_the_same_world_as_under_torchrun(tmp_path, start_method):
-    (tmp_path / "observer.py").write_text(OBSERVER)
-    (tmp_path / "sibling.py").write_text("VALUE = 42\n")
+def write_observer(where):
+    (where / "observer.py").write_text(OBSERVER)
+    (where / "sibling.py").write_text("VALUE = 42\n")
+
+
+@pytest.fixture(scope="module")
+def torchruns_world(tmp_path_factory):
+    """What the observer sees under torchrun: the reference both start methods are held to, so run once."""
+    where = tmp_path_factory.mktemp("torchrun")
+    write_observer(where)
     torchrun = [str(REPO / ".venv" / "bin" / "torchrun"), "--nproc-per-node", "2", "--max-restarts", "0"]
     if not (REPO / ".venv" / "bin" / "torchrun").exists():
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0"]
+    return observe(where, torchrun, "torchrun")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_script_sees_the_same_world_as_under_torchrun(tmp_path, torchruns_world, start_method):
+    write_observer(tmp_path)
     ours, ours_out = observe(tmp_path, [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
-                                        f"launcher.start_method={start_method}"], "ours")
-    theirs, theirs_out = observe(tmp_path, torchrun, "torchrun")
+                                        f"launcher.start_method={start_method}", *NO_WANDB], "ours")
+    theirs, theirs_out = torchruns_world
+    theirs = json.loads(json.dumps(theirs))  # a copy: the loop below edits it, and the other case reads it too
     for mine, ref in zip(ours, theirs):
         mine["argv"] = [a.replace(ours_out, "OUT") for a in mine["argv"]]
         ref["argv"] = [a.replace(theirs_out, "OUT") for a in ref["argv"]]
@@ -79,7 +92,7 @@ def test_a_spawned_rank_that_fails_with_loader_workers_ends_on_the_one_line_erro
     """Its DataLoader's queues used to leak named semaphores, and the launcher's resource tracker
     printed a warning after the error line."""
     result = run_launcher(["--gpus", "1", f"output_dir={tmp_path}", "launcher.start_method=spawn", "data.num_workers=2",
-                           "trainer.steps=5", *QUICK], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=2"})
+                           "trainer.steps=5", *QUIET], cwd=tmp_path, env={"LAUNCHER_INJECT_FAULT": "rank=0,step=2"})
     assert result.returncode == 1
     assert "leaked semaphore" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
@@ -90,7 +103,7 @@ def test_forked_and_spawned_workers_train_identically(tmp_path):
     results = {}
     for method in ("fork", "spawn"):
         out = tmp_path / method
-        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", f"launcher.start_method={method}", *QUICK], cwd=tmp_path)
+        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", f"launcher.start_method={method}", *QUIET], cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         run_dir = only_run_dir(out)
         assert json.loads((run_dir / "plan.json").read_text())["start_method"] == method
@@ -105,7 +118,7 @@ def test_a_launcher_process_with_a_started_thread_pool_still_forks_workers_from_
         x = torch.randn(256, 256)
         (x @ x).sum()                      # starts torch's intra-op thread pool in this process
         from launcher.cli import main
-        sys.exit(main(["--gpus", "2", "output_dir={tmp_path}", "trainer.steps=3", *{QUICK!r}]))
+        sys.exit(main(["--gpus", "2", "output_dir={tmp_path}", "trainer.steps=3", *{QUIET!r}]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
