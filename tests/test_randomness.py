@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.helpers import REPO, run_bounded, run_launcher
+from tests.helpers import NO_WANDB, REPO, run_bounded, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,7 +38,8 @@ def ours(tmp_path: Path, launch: List[str], script_args: List[str] = (), expect:
     out = tmp_path / "out"
     out.mkdir()
     shutil.copy(SCRIPT, tmp_path / "draws.py")
-    done = run_launcher([*launch, f"output_dir={tmp_path / 'runs'}", "./draws.py", "--out", str(out), *script_args],
+    done = run_launcher([*launch, f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "./draws.py", "--out", str(out),
+                         *script_args],
                         cwd=tmp_path, timeout=200, env=ENV)
     assert done.returncode == expect, done.stderr[-3000:]
     return out
@@ -55,16 +56,24 @@ def torchrun(tmp_path: Path, nproc: int, script_args: List[str] = ()) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def forked_then_restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 workers forked from the zygote, rank 1 failing its first attempt: attempt 0 is the forked start path and
+    attempt 1 the restarted one, so the two tests share this one launch."""
+    return ours(tmp_path_factory.mktemp("forked"), ["--gpus", "4", "--max-restarts", "1"], ["--fail-rank", "1"])
+
+
 START_PATHS: Dict[str, List[str]] = {
-    "forked from the zygote, 4 workers": ["--gpus", "4"],
+    "forked from the zygote, 4 workers": [],  # forked_then_restarted's first attempt
     "spawned, 4 workers": ["--gpus", "4", "launcher.start_method=spawn"],
     "two nodes of 2": ["--nodes", "2", "--gpus", "2"],
 }
 
 
 @pytest.mark.parametrize("launch", START_PATHS.values(), ids=list(START_PATHS))
-def test_every_rank_draws_its_own_numbers(tmp_path, launch):
-    assert_all_differ(draws(ours(tmp_path, launch), 4))
+def test_every_rank_draws_its_own_numbers(request, tmp_path, launch):
+    out = ours(tmp_path, launch) if launch else request.getfixturevalue("forked_then_restarted")
+    assert_all_differ(draws(out, 4))
 
 
 def test_torchruns_workers_draw_their_own_numbers_too(tmp_path):
@@ -72,9 +81,9 @@ def test_torchruns_workers_draw_their_own_numbers_too(tmp_path):
     assert_all_differ(draws(torchrun(tmp_path, 4), 4))
 
 
-def test_a_restarted_attempt_draws_afresh(tmp_path):
-    out = ours(tmp_path, ["--gpus", "2", "--max-restarts", "1"], ["--fail-rank", "1"])
-    first, second = draws(out, 2, attempt=0), draws(out, 2, attempt=1)
+def test_a_restarted_attempt_draws_afresh(forked_then_restarted):
+    out = forked_then_restarted
+    first, second = draws(out, 4, attempt=0), draws(out, 4, attempt=1)
     assert_all_differ(first + second)
 
 
