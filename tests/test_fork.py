@@ -99,30 +99,40 @@ def test_a_spawned_rank_that_fails_with_loader_workers_ends_on_the_one_line_erro
     assert last.startswith("error: rank 0 failed") and "InjectedFault" in last, result.stderr[-2000:]
 
 
-def test_forked_and_spawned_workers_train_identically(tmp_path):
-    results = {}
-    for method in ("fork", "spawn"):
-        out = tmp_path / method
-        result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", f"launcher.start_method={method}", *QUIET], cwd=tmp_path)
-        assert result.returncode == 0, result.stderr
-        run_dir = only_run_dir(out)
-        assert json.loads((run_dir / "plan.json").read_text())["start_method"] == method
-        results[method] = read_summary(run_dir)
-    assert results["fork"]["param_checksum"] == results["spawn"]["param_checksum"]
-    assert results["fork"]["final_loss"] == results["spawn"]["final_loss"]
-
-
-def test_a_launcher_process_with_a_started_thread_pool_still_forks_workers_from_the_zygote(tmp_path):
+@pytest.fixture(scope="module")
+def threaded_launch(tmp_path_factory):
+    """A 12-step trainer run started from a process whose torch thread pool is running: its workers must still fork
+    from the zygote, and it is the forked side of the fork/spawn comparison (one launch serves both tests)."""
+    out = tmp_path_factory.mktemp("threaded")
     code = textwrap.dedent(f"""
         import sys, torch
         x = torch.randn(256, 256)
         (x @ x).sum()                      # starts torch's intra-op thread pool in this process
         from launcher.cli import main
-        sys.exit(main(["--gpus", "2", "output_dir={tmp_path}", "trainer.steps=3", *{QUIET!r}]))
+        sys.exit(main(["--gpus", "2", "output_dir={out}", "trainer.steps=12", *{QUIET!r}]))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=out, env=launcher_env(), capture_output=True, text=True,
+                          timeout=180)
     assert proc.returncode == 0, proc.stderr
-    plan = json.loads((only_run_dir(tmp_path) / "plan.json").read_text())
+    return only_run_dir(out)
+
+
+def test_forked_and_spawned_workers_train_identically(tmp_path, threaded_launch):
+    results = {"fork": read_summary(threaded_launch)}
+    assert json.loads((threaded_launch / "plan.json").read_text())["start_method"] == "fork"
+    out = tmp_path / "spawn"
+    result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", "launcher.start_method=spawn", *QUIET],
+                          cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(out)
+    assert json.loads((run_dir / "plan.json").read_text())["start_method"] == "spawn"
+    results["spawn"] = read_summary(run_dir)
+    assert results["fork"]["param_checksum"] == results["spawn"]["param_checksum"]
+    assert results["fork"]["final_loss"] == results["spawn"]["final_loss"]
+
+
+def test_a_launcher_process_with_a_started_thread_pool_still_forks_workers_from_the_zygote(threaded_launch):
+    plan = json.loads((threaded_launch / "plan.json").read_text())
     assert plan["start_method"] == "fork"  # the zygote is a fresh process: the launcher's threads are not its own
 
 
