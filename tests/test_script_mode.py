@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import only_run_dir, read_summary, run_launcher
+from tests.helpers import NO_WANDB, only_run_dir, read_summary, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -54,7 +54,7 @@ def test_script_gets_torchruns_contract_and_its_arguments(tmp_path):
     write_script(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "train.py", "--lr", "0.1", "--out", str(out)], cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "train.py", "--lr", "0.1", "--out", str(out)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     records = check_contract(out, 2, ["--lr", "0.1", "--out", str(out)])
     assert records[0]["argv"][0] == "train.py" and records[0]["file"].endswith("train.py")
@@ -70,22 +70,30 @@ def test_module_form_runs_like_python_dash_m(tmp_path):
     (pkg / "train.py").write_text((tmp_path / "train.py").read_text())
     out = tmp_path / "out"
     out.mkdir()
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "-m", "mypkg.train", "--out", str(out)], cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "-m", "mypkg.train", "--out", str(out)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     check_contract(out, 2, ["--out", str(out)])
 
 
-def test_failing_script_names_the_rank_and_error(tmp_path):
+@pytest.fixture(scope="module")
+def late_failure(tmp_path_factory):
+    """Rank 0 finishes, rank 1 raises 1.5 s later: the failing run both failure-line tests read (one launch)."""
+    tmp_path = tmp_path_factory.mktemp("late-failure")
     (tmp_path / "bad.py").write_text(textwrap.dedent("""
-        import os
+        import os, time
         if os.environ["RANK"] == "1":
+            time.sleep(1.5)
             raise ValueError("boom on purpose")
     """))
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "bad.py"], cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "bad.py"], cwd=tmp_path)
+    return result, only_run_dir(tmp_path / "runs")
+
+
+def test_failing_script_names_the_rank_and_error(late_failure):
+    result, run_dir = late_failure
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: rank 1 failed") and "ValueError: boom on purpose" in last, result.stderr
-    run_dir = only_run_dir(tmp_path / "runs")
     assert read_summary(run_dir)["status"] == "failed"
     assert "ValueError: boom on purpose" in (run_dir / "logs" / "rank-1.log").read_text()
     assert "Traceback" in result.stdout + result.stderr  # the worker's own crash output reaches the console
@@ -93,7 +101,7 @@ def test_failing_script_names_the_rank_and_error(tmp_path):
 
 def test_script_exit_code_is_reported(tmp_path):
     (tmp_path / "exit3.py").write_text("import sys, os\nsys.exit(3 if os.environ['RANK'] == '0' else 0)\n")
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "exit3.py"], cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "exit3.py"], cwd=tmp_path)
     assert result.returncode == 1
     assert "rank 0 failed: exit code 3" in result.stderr
 
@@ -109,7 +117,7 @@ def test_a_rank_that_hangs_at_exit_after_its_script_returned_is_named_killed_and
         if os.environ["RANK"] == "1":
             atexit.register(time.sleep, 3600)  # the interpreter's exit never ends
     """))
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "launcher.exit_timeout_s=3",
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "launcher.exit_timeout_s=3",
                            "exit_hang.py"], cwd=tmp_path, timeout=90)
     assert result.returncode == 0, result.stderr
     assert "rank 1 finished its script (exit code 0) but its process did not exit within 3s" in result.stderr
@@ -123,7 +131,7 @@ def test_a_script_restarted_after_a_failure_counts_its_restarts_and_promises_no_
         if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
             sys.exit(7)
     """))
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "--max-restarts", "1", "flaky.py"],
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "--max-restarts", "1", "flaky.py"],
                           cwd=tmp_path, timeout=90)
     assert result.returncode == 0, result.stderr
     assert "rank 1 failed: exit code 7" in result.stderr and "your script starts again from its beginning" in result.stderr
@@ -131,18 +139,12 @@ def test_a_script_restarted_after_a_failure_counts_its_restarts_and_promises_no_
     assert read_summary(only_run_dir(tmp_path / "runs"))["restarts"] == 1
 
 
-def test_the_failure_line_names_only_ranks_that_failed_on_their_own(tmp_path):
+def test_the_failure_line_names_only_ranks_that_failed_on_their_own(late_failure):
     """Rank 0 finishes, rank 1 fails later: rank 0 is not 'failed too'."""
-    (tmp_path / "late.py").write_text(textwrap.dedent("""
-        import os, sys, time
-        if os.environ["RANK"] == "1":
-            time.sleep(1.5)
-            raise RuntimeError("late failure")
-    """))
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "late.py"], cwd=tmp_path)
+    result, _ = late_failure
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: rank 1 failed: exit code 1: RuntimeError: late failure") and "failed too" not in last
+    assert last.startswith("error: rank 1 failed: exit code 1: ValueError: boom on purpose") and "failed too" not in last
 
 
 def test_stdout_and_stderr_stay_apart_and_a_progress_bar_keeps_its_lines(tmp_path):
@@ -157,7 +159,7 @@ def test_stdout_and_stderr_stay_apart_and_a_progress_bar_keeps_its_lines(tmp_pat
         sys.stderr.write("\\n")
         print("[rank0]:[W torch-style warning]", file=sys.stderr)
     """))
-    result = run_launcher(["--gpus", "1", f"output_dir={tmp_path / 'runs'}", "streams.py"], cwd=tmp_path)
+    result = run_launcher(["--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "streams.py"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "[rank0]: to-stdout" in result.stdout and "to-stderr" not in result.stdout
     assert "[rank0]: to-stderr" in result.stderr and "to-stdout" not in result.stderr
