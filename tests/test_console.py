@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent.ranklog import read_times
-from tests.helpers import run_launcher
+from tests.helpers import NO_WANDB, run_launcher
 from tests.interleaving import OURS, TORCHRUN, measure, run_console
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -47,7 +47,7 @@ def streams_of(log: Path) -> dict:
 def test_the_worker_count_announced_is_the_jobs(tmp_path):
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
-    result = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={tmp_path / 'runs'}", str(script)],
+    result = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, str(script)],
                           cwd=tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr
     assert "[launcher] no CUDA device: running 2 CPU workers (2 nodes x 1) with gloo" in result.stderr, result.stderr

@@ -15,14 +15,19 @@ import textwrap
 import pytest
 
 from tests.ctrl_c_rounds import LAUNCHER_FRAME, one_round
-from tests.helpers import communicate_bounded, launcher_env
+from tests.helpers import NO_WANDB, communicate_bounded, launcher_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
+# Steps of the script per phase: "end" and "exit" come after its last step, so a short script reaches them as well
+# (and leaves less training and polling to wait through); "init" keeps the long one, so the job is still in it.
+STEPS = {"init": 150, "end": 20, "exit": 20}
+
+
 @pytest.mark.parametrize("phase", ["init", "end", "exit"])
 def test_ctrl_c_to_the_group_shows_no_launcher_frame(tmp_path, phase):
-    result = one_round(tmp_path, phase, random.Random(phase))
+    result = one_round(tmp_path, phase, random.Random(phase), steps=STEPS[phase])
     assert result.verdict == "clean", f"{phase}, SIGINT {result.delay_s:.3f}s in: {result.verdict}\n{result.output}"
 
 
@@ -44,7 +49,7 @@ SECOND_SIGINT_WHILE_PRINTING = textwrap.dedent("""
 
 def test_a_second_sigint_while_the_scripts_traceback_is_printed_shows_no_launcher_frame(tmp_path):
     (tmp_path / "hook.py").write_text(SECOND_SIGINT_WHILE_PRINTING)
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={tmp_path / 'runs'}",
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB,
                              str(tmp_path / "hook.py")], cwd=tmp_path, env=launcher_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     out, _ = communicate_bounded(proc, 120, "launcher")
