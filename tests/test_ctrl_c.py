@@ -49,8 +49,8 @@ SECOND_SIGINT_WHILE_PRINTING = textwrap.dedent("""
 
 def test_a_second_sigint_while_the_scripts_traceback_is_printed_shows_no_launcher_frame(tmp_path):
     (tmp_path / "hook.py").write_text(SECOND_SIGINT_WHILE_PRINTING)
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB,
-                             str(tmp_path / "hook.py")], cwd=tmp_path, env=launcher_env(), text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "1", f"output_dir={tmp_path / 'runs'}",
+                             *NO_WANDB, str(tmp_path / "hook.py")], cwd=tmp_path, env=launcher_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     out, _ = communicate_bounded(proc, 120, "launcher")
     assert "[rank0]: script done" in out and "[rank0]:     raise KeyboardInterrupt" in out, out  # the script's own

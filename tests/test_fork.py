@@ -73,8 +73,9 @@ def torchruns_world(tmp_path_factory):
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_script_sees_the_same_world_as_under_torchrun(tmp_path, torchruns_world, start_method):
     write_observer(tmp_path)
-    ours, ours_out = observe(tmp_path, [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
-                                        f"launcher.start_method={start_method}", *NO_WANDB], "ours")
+    launcher = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
+                f"launcher.start_method={start_method}", *NO_WANDB]
+    ours, ours_out = observe(tmp_path, launcher, "ours")
     theirs, theirs_out = torchruns_world
     theirs = json.loads(json.dumps(theirs))  # a copy: the loop below edits it, and the other case reads it too
     for mine, ref in zip(ours, theirs):
@@ -121,8 +122,8 @@ def test_forked_and_spawned_workers_train_identically(tmp_path, threaded_launch)
     results = {"fork": read_summary(threaded_launch)}
     assert json.loads((threaded_launch / "plan.json").read_text())["start_method"] == "fork"
     out = tmp_path / "spawn"
-    result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", "launcher.start_method=spawn", *QUIET],
-                          cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={out}", "trainer.steps=12", "launcher.start_method=spawn",
+                           *QUIET], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(out)
     assert json.loads((run_dir / "plan.json").read_text())["start_method"] == "spawn"
