@@ -17,7 +17,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.helpers import QUICK, REPO, run_bounded
+from tests.helpers import NO_WANDB, QUICK, REPO, run_bounded
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -92,7 +92,7 @@ def test_a_scripts_own_modules_are_imported_never_the_launchers(layout, torchrun
     for kind, target in TARGETS.items():
         out = layout["root"] / f"ours-{kind}-{command.replace(' ', '_')}-{shape.replace(' ', '_')}"
         flags, world = SHAPES[shape]
-        argv = [*COMMANDS[command], *flags, f"output_dir={layout['root'] / 'runs'}", *target]
+        argv = [*COMMANDS[command], *flags, f"output_dir={layout['root'] / 'runs'}", *NO_WANDB, *target]
         ours = run_job(argv, layout[kind], out, layout["pp"], command, world)
         theirs = torchruns[kind][0]  # every rank of a job sees the same modules and path
         for rank, seen in enumerate(ours):
