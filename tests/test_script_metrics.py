@@ -16,7 +16,7 @@ from typing import List
 
 import pytest
 
-from tests.helpers import REPO, only_run_dir, read_metrics, read_summary, run_bounded, run_launcher
+from tests.helpers import NO_WANDB, REPO, only_run_dir, read_metrics, read_summary, run_bounded, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -115,7 +115,7 @@ def test_a_restarted_script_keeps_one_record_and_one_wandb_run(tmp_path):
 
 
 def test_two_nodes_report_every_rank(tmp_path):
-    run_dir = launch(tmp_path, ["--nodes", "2", "--gpus", "1"], ["--epochs", "1"])
+    run_dir = launch(tmp_path, ["--nodes", "2", "--gpus", "1", *NO_WANDB], ["--epochs", "1"])
     summary = read_summary(run_dir)
     assert summary["steps"] == result(tmp_path)["steps"] and summary["global_batch_size"] == 2 * BATCH
     assert len(summary["step_time_s_per_rank"]) == 2
@@ -123,7 +123,7 @@ def test_two_nodes_report_every_rank(tmp_path):
 
 
 def test_metrics_scripts_false_records_nothing(tmp_path):
-    run_dir = launch(tmp_path, ["--gpus", "2", "metrics.scripts=false"], ["--epochs", "1"])
+    run_dir = launch(tmp_path, ["--gpus", "2", "metrics.scripts=false", *NO_WANDB], ["--epochs", "1"])
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["steps"] is None
     assert not (run_dir / "steps").exists() and not (run_dir / "metrics.jsonl").exists()
@@ -132,7 +132,7 @@ def test_metrics_scripts_false_records_nothing(tmp_path):
 def test_a_script_without_an_optimizer_says_so(tmp_path):
     (tmp_path / "infer.py").write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
                                        "dist.barrier()\ndist.destroy_process_group()\n")
-    done = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", "infer.py"], cwd=tmp_path, timeout=120,
+    done = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "infer.py"], cwd=tmp_path, timeout=120,
                         env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = read_summary(only_run_dir(tmp_path / "runs"))
