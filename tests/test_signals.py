@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, descendants, kill_group, launcher_env, only_run_dir, read_summary, run_launcher, wait_gone
+from tests.helpers import QUIET, descendants, kill_group, launcher_env, only_run_dir, read_summary, run_launcher, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 def start_long_job(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=100000",
-         "trainer.log_every=20", "checkpoint.every_steps=0", *QUICK],
+         "trainer.log_every=20", "checkpoint.every_steps=0", *QUIET],
         cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -64,7 +64,7 @@ def test_a_stuck_worker_cannot_hold_up_the_stop(tmp_path):
     """A rank that never reaches a step boundary: the others wait for it, the grace period ends them all."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=100",
-         "checkpoint.every_steps=5", "checkpoint.grace_s=3", *QUICK],
+         "checkpoint.every_steps=5", "checkpoint.grace_s=3", *QUIET],
         cwd=tmp_path, env=launcher_env({"LAUNCHER_INJECT_FAULT": "rank=1,step=12,action=hang"}),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
