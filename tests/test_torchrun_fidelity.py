@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from tests.helpers import REPO, only_run_dir, run_bounded, run_launcher
+from tests.helpers import NO_WANDB, REPO, only_run_dir, run_bounded, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -115,19 +115,21 @@ def spawned(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    return run_both(tmp_path_factory.mktemp("failing"), "fail_rank1.py")
+    """A rank that raises; W&B off (it is not what these runs check: the environment runs keep the default)."""
+    return run_both(tmp_path_factory.mktemp("failing"), "fail_rank1.py", overrides=NO_WANDB)
 
 
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    return run_both(tmp_path_factory.mktemp("ddp"), "ddp_tutorial.py")
+    """The DDP tutorial's final parameters, W&B off as in `failing`."""
+    return run_both(tmp_path_factory.mktemp("ddp"), "ddp_tutorial.py", overrides=NO_WANDB)
 
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     workdir = tmp_path_factory.mktemp("hf")
     offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(workdir / "hf-home")}  # nothing downloads
-    return run_both(workdir, "hf_trainer.py", env=offline)
+    return run_both(workdir, "hf_trainer.py", overrides=NO_WANDB, env=offline)  # W&B off as in `failing`
 
 
 def env_differences(ours: Dict[str, str], theirs: Dict[str, str], watchdog: bool) -> Dict[str, tuple]:
