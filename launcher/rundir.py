@@ -37,19 +37,12 @@ SUMMARY_KEYS = (
 
 
 def check_can_create(output_dir: str) -> None:
-    """Before torch loads: the nearest path of output_dir that exists is a folder this process may write in.
-    create_run_dir is the real test and says the same; this only names early what is sure to fail there."""
+    """Before torch loads: output_dir cannot lie under a file. create_run_dir is the real test (permissions, a
+    read-only disk) and says the same; this only names early, in the same words, what is sure to fail there."""
     path = Path(os.path.abspath(output_dir))
     existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
-    if existing is None or not os.path.exists(existing):  # a dangling link: create_run_dir names it
-        return
-    problem = None
-    if not os.path.isdir(existing):  # (a link to a folder is one: create_run_dir resolves output_dir once)
-        problem = errno.ENOTDIR
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = errno.EACCES
-    if problem is not None:
-        raise ConfigError(f"output_dir={output_dir} cannot be written ({os.strerror(problem)}): "
+    if existing is not None and os.path.exists(existing) and not os.path.isdir(existing):  # (dangling: left to it)
+        raise ConfigError(f"output_dir={output_dir} cannot be written ({os.strerror(errno.ENOTDIR)}): "
                           f"pick another with output_dir=PATH")
 
 
