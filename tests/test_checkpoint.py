@@ -283,11 +283,25 @@ def test_ranks_agree_on_a_stop_and_a_timed_save_one_step_after_either_rank_asked
 def test_killed_during_a_background_write_leaves_the_previous_checkpoint_intact(tmp_path):
     """A real SIGKILL while an async save of step 20 writes: step 10 stays the newest and loads exactly."""
     script = textwrap.dedent(f"""
-        import os, signal, sys, time, torch, torch.distributed as dist
+        import os, signal, sys, threading, torch, torch.distributed as dist
         from types import SimpleNamespace
         from launcher.trainers.checkpoint import store as ckpt
         from launcher.trainers.checkpoint.checkpointer import Checkpointer
         from tests.test_checkpoint import trained
+
+        class Watch:  # sees the writer's own "delayed" line pass, then lets the kill come (a fixed sleep raced it)
+            def __init__(self, out):
+                self.out, self.seen = out, threading.Event()
+            def write(self, text):
+                written = self.out.write(text)
+                if "save of step 20 delayed" in text:
+                    self.out.flush()
+                    self.seen.set()
+                return written
+            def flush(self):
+                self.out.flush()
+        sys.stdout = Watch(sys.stdout)
+        delayed = sys.stdout.seen
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         model, optimizer = trained(0)
         cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir={str(tmp_path)!r}, every_steps=10, every_seconds=0,
@@ -302,9 +316,7 @@ def test_killed_during_a_background_write_leaves_the_previous_checkpoint_intact(
             for p in model.parameters():
                 p.add_(1.0)  # the loop goes on changing the weights the write copied
         print("training on while the write is in flight", flush=True)
-        while not os.path.isdir({str(tmp_path / ".tmp-step-00000020")!r}):
-            time.sleep(0.01)
-        time.sleep(0.5)
+        assert delayed.wait(60), "the background write never reached its delay"
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=launcher_env(), capture_output=True, text=True,
