@@ -113,3 +113,20 @@ def test_a_recorded_config_reads_back_a_non_utf8_script_argument(tmp_path):
     cfg = load_config(None, [], script=ScriptConfig(path=__file__, args=[raw, "1e-3", "true"]))
     (tmp_path / "config.yaml").write_text(to_yaml(cfg, recorded=True), encoding="utf-8")
     assert load_config(str(tmp_path / "config.yaml")).script.args == [raw, "1e-3", "true"]
+
+
+@pytest.mark.parametrize("source", ["defaults", "mlp_ddp", "quick", "overrides"])
+def test_the_shipped_dict_is_omegaconfs_own_and_reads_back_equal(source, tmp_path):
+    """to_dict (what workers, SLURM and Ray nodes get) is plain dataclasses.asdict: it must stay what OmegaConf
+    would make of the schema, and from_dict must rebuild the same Config."""
+    from omegaconf import OmegaConf
+
+    from launcher.config.schema import from_dict, to_dict
+
+    overrides = ["rdzv.conf={last_call_timeout: 3}", "slurm.extra={exclusive: true, nodelist: [a, b]}",
+                 "trainer.steps=7", "wandb.mode=disabled"]
+    cfg = {"defaults": lambda: load_config(), "overrides": lambda: load_config(overrides=overrides)}.get(
+        source, lambda: load_config(source))()
+    shipped = to_dict(cfg)
+    assert repr(shipped) == repr(OmegaConf.to_container(OmegaConf.structured(cfg)))
+    assert from_dict(shipped) == cfg
