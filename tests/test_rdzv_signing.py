@@ -165,13 +165,49 @@ def test_a_handshake_value_not_signed_by_the_job_is_named_for_who_can_have_writt
 
     plan = SimpleNamespace(rdzv_endpoint="127.0.0.1:29400", rdzv_timeout_s=5, rdzv_id="job", rdzv_backend="static")
     handshake = NodeHandshake(plan, 0, b"secret", own_secret=own_secret)
-    assert handshake._load_json("reference", handshake._dump("reference", '{"token": "t"}')) == {"token": "t"}
+    assert handshake.verified_json("reference", handshake.signed("reference", '{"token": "t"}')) == {"token": "t"}
     with pytest.raises(RendezvousAuthError) as caught:
-        handshake._load_json("reference", b'{"token": "forged"}')
+        handshake.verified_json("reference", b'{"token": "forged"}')
     said = str(caught.value)
     assert "127.0.0.1:29400" in said
     assert ("another user or process wrote to this job's store" in said) == own_secret, said
     assert ("give every node the same secret" in said) != own_secret, said
+
+
+def test_the_watchdogs_flags_between_nodes_count_only_when_signed_by_the_job():
+    """A hang flag and each node's word that its stacks are dumped (launcher.backends.peer_flags), on a real store:
+    a stranger's unsigned value, or one signed with another secret, is no flag; a store gone raises nothing."""
+    from types import SimpleNamespace
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    from launcher.backends.handshake import NodeHandshake
+    from launcher.backends.peer_flags import PeerFlags
+
+    port = free_port()
+    host = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=5))
+    server = PrefixStore("launcher/job/", host)  # where the nodes' handshake keeps this job's values
+    plan = SimpleNamespace(rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=5, rdzv_id="job", rdzv_backend="static")
+
+    def node(k: int, key: bytes = b"secret") -> PeerFlags:
+        return PeerFlags(NodeHandshake(plan, k, key), lambda: k, nodes=2)
+
+    node0, node1, stranger = node(0), node(1), node(1, b"another secret")
+    server.add("placed", 2)  # both nodes' workers started
+    server.set("hang", b'{"node": 1}')
+    stranger.flag_stuck_start()
+    assert node0.hang_flagged() is None and not node0.stuck_start_flagged()
+    node1.flag_hang()
+    assert node0.hang_flagged() == 1 and node1.hang_flagged() is None  # a node does not follow its own flag
+    server.set("stacks_dumped/0", b'{"node": 0}')
+    assert node1.wait_for_acks(0.3) == 1
+    node0.ack_hang()
+    started = time.monotonic()
+    assert node1.wait_for_acks(10) == 0 and time.monotonic() - started < 1
+    del server, host
+    assert node0.hang_flagged() is None and node1.wait_for_acks(0.3) == 1  # the host is gone: no flags, no error
+    node0.flag_hang()
+    node0.ack_hang()
 
 
 # -- real nodes ------------------------------------------------------------------------------

@@ -180,6 +180,26 @@ def test_a_real_dump_names_the_main_threads_place():
     assert "test_watchdog.py:" in where(frames)
 
 
+def test_the_node_with_the_hung_rank_leads_the_job_verdict_whichever_watchdog_fired_first():
+    from launcher.agent.watchdog import nodes_verdict
+
+    waits = "rank 0 stuck 9s in _engine_run_backward (ddp_hang.py:44); all in a collective, waiting for another node"
+    sleeps = "rank 1 stuck 9s in sleep_forever (ddp_hang.py:24)"
+    node_0_first = {0: f"hang: no progress for over 9s (watchdog.timeout_s): {waits}; stacks in m0",
+                    1: f"hang (node 0's watchdog fired first): {sleeps}; stacks in m1"}
+    assert nodes_verdict(node_0_first).startswith("node 1: hang (node 0's watchdog fired first): rank 1 stuck")
+    assert nodes_verdict(node_0_first).split(" | ")[1].startswith("node 0: hang: no progress")
+    node_1_first = {0: f"hang (node 1's watchdog fired first): {waits}; stacks in m0",
+                    1: f"hang: no progress for over 9s (watchdog.timeout_s): {sleeps}; stacks in m1"}
+    assert nodes_verdict(node_1_first).startswith("node 1: hang: no progress")
+    # neither says where it waits (NCCL: ranks wait in .item()): the node whose watchdog fired first
+    follows = {0: "hang (node 1's watchdog fired first): rank 0 stuck 9s in step (train.py:8); stacks in m0",
+               1: "hang: no progress for over 9s (watchdog.timeout_s): rank 1 stuck 9s in step (train.py:8); stacks in m1"}
+    assert nodes_verdict(follows).startswith("node 1: hang: no progress")
+    failed = {0: "rank 0 failed: exit code 1: RuntimeError: Connection closed by peer", 1: node_1_first[1]}
+    assert nodes_verdict(failed).startswith("node 1: hang: no progress")
+
+
 def test_only_ranks_that_beat_and_went_silent_are_stuck():
     ranks = [RankBeat(0, 0, 10, 1, beat_at=100.0), RankBeat(1, 1, 11, 1, beat_at=0.0), RankBeat(2, 2, 12, 1, beat_at=95.0)]
     assert stuck_ranks(ranks, 3, now=97.0) == []  # rank 1 never beat: never judged

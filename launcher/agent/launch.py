@@ -26,7 +26,7 @@ from launcher.config.rendezvous import rdzv_configs
 from launcher.plan import LaunchPlan
 from launcher.agent.processes import WorkerJob
 from launcher.agent.stores import listening_store
-from launcher.agent.watchdog import StartPeers, run_watched
+from launcher.agent.watchdog import Peers, run_watched
 from launcher.runtime import env
 from launcher.trainers.faults.diskspace import free_space, nearly_full
 from launcher.trainers.metrics.goodput import launch_key
@@ -38,7 +38,7 @@ NEVER_TO_WORKERS = (env.RDZV_SECRET,)  # the agents' alone: a worker's environme
 
 def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunDirLogsSpecs] = None,
              local_addr: Optional[str] = None, rdzv_key: Optional[bytes] = None,
-             peers: Optional[StartPeers] = None) -> Tuple[Dict[int, Any], int]:
+             peers: Optional[Peers] = None) -> Tuple[Dict[int, Any], int]:
     """Run this node's agent to completion; returns ({local_rank: result}, restarts).
 
     logs_specs: pass one to read back where this node's ranks ran (its ``placement``) afterwards.
@@ -46,7 +46,7 @@ def run_node(plan: LaunchPlan, config: Dict[str, Any], logs_specs: Optional[RunD
     rdzv_key: the job's rendezvous secret; torch's c10d rendezvous state is then signed with it, and a
     state read that is not is refused before it is unpickled (launcher.agent.signed_rdzv). A run on one
     machine makes its own.
-    peers: the other nodes, for the watchdog (a stuck start whose missing rank is on another node).
+    peers: the other nodes, for the watchdog (a hang or a stuck start whose cause is on another node).
     """
     agent_env = {**plan.agent_env, **elastic_fixes.apply(plan.nodes)}
     os.environ.update(agent_env)

@@ -29,6 +29,8 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 # A rank whose main thread is inside one of these has not finished setting up its process group.
 SETUP_FUNCTIONS = ("init_process_group", "init_device_mesh")
+# torch's code where a rank waits for the others: its collectives, backward (DDP's all-reduce), DDP's forward
+COLLECTIVE_DIRS = tuple(os.sep + os.path.join("torch", *d) + os.sep for d in (("distributed",), ("autograd",), ("nn", "parallel")))
 # torch's DataLoader: a rank blocked in it waits for data, not for a peer (its workers' stacks are their own processes)
 DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
 TRAINERS_ROOT = str(Path(shipped_trainers.__file__).resolve().parent.parent)  # where trainers/ is (the repository, or site-packages/launcher)
@@ -79,6 +81,13 @@ def where(frames: Frames, worker: Optional[str] = None) -> str:
 
 def in_data_loader(frames: Frames) -> bool:
     return any(path.endswith(DATALOADER_FILE) for path, _, _ in frames)
+
+
+def in_collective(frames: Frames) -> bool:
+    """Whether the main thread waits inside torch's distributed code: a collective, or backward and DDP's all-reduce.
+    (A rank whose Python stack ends in its own code is not: its NCCL collectives return at once, so it waits where it
+    reads a result, as in .item(), and is told apart by the flight recorder.)"""
+    return bool(frames) and any(part in frames[0][0] for part in COLLECTIVE_DIRS)
 
 
 def in_setup(frames: Frames) -> bool:

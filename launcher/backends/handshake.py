@@ -5,7 +5,8 @@ run; after the job, the node that writes summary.json collects the list.
 
 The store is created multi-tenant on the rendezvous port: torch's static and c10d rendezvous create
 theirs the same way, so in the hosting process they share this one server (one port, no second one).
-With launcher.backends.addresses, this module owns every socket the launcher opens itself.
+With launcher.backends.addresses, this module owns every socket the launcher opens itself, but for the
+watchdog's own client of this store (launcher.backends.peer_flags).
 
 With a rendezvous secret (docs/security.md), every value written here is signed and every value
 read is verified (launcher.agent.signing): a node given another secret is named, on every node. The
@@ -38,8 +39,6 @@ log = logging.getLogger("launcher")
 POLL_S = 0.1
 PLACEMENT_WAIT_S = 30.0  # after a finished job, how long nodes wait for each other's rank lists
 FAILED_PLACEMENT_WAIT_S = 3.0  # after a failed one, for a node between taking its slot and writing it
-STUCK_START = "stuck_start"  # set by a node whose watchdog saw a stuck start (flag_stuck_start)
-SIDE_TIMEOUT_S = 5.0
 
 
 @contextlib.contextmanager
@@ -77,7 +76,6 @@ class NodeHandshake:
         self._raw: Any = None
         self._slot: Optional[int] = None  # this node's index among the published placements
         self._record: Dict[str, Any] = {}
-        self._side_store: Any = None  # the watchdog thread's client (flag_stuck_start); False: could not connect
 
     # -- connecting -------------------------------------------------------------------------
     def connect(self) -> None:
@@ -144,7 +142,7 @@ class NodeHandshake:
                 problem = (f"more than --nodes {nodes} nodes joined {self.host}:{self.port}: "
                            "a node was started twice, or with a wrong --nodes")
             if problem is not None:
-                self.store.compare_set("verdict", "", self._dump("verdict", problem))
+                self.store.compare_set("verdict", "", self.signed("verdict", problem))
                 raise ConfigError(problem)
             if not elastic:
                 self._wait_for_all(nodes)
@@ -162,7 +160,7 @@ class NodeHandshake:
     def _tell(self, problem: str) -> None:
         """The other nodes learn there is a stranger at the rendezvous (signed: it is this node that says so)."""
         try:
-            self.store.compare_set("verdict", "", self._dump("verdict", problem))
+            self.store.compare_set("verdict", "", self.signed("verdict", problem))
         except (RuntimeError, TimeoutError):
             pass
 
@@ -179,7 +177,7 @@ class NodeHandshake:
             pass
 
     def _check_in(self, me: Dict[str, Any], same_workers: bool) -> Optional[str]:
-        first = self._load_json("reference", self.store.compare_set("reference", "", self._dump("reference", json.dumps(me))))
+        first = self.verified_json("reference", self.store.compare_set("reference", "", self.signed("reference", json.dumps(me))))
         if first["token"] != me["token"]:
             if first["nodes"] != me["nodes"] or (same_workers and first["gpus"] != me["gpus"]):
                 return (f"node settings differ: {_who(first)} was started with --nodes {first['nodes']} --gpus "
@@ -187,7 +185,7 @@ class NodeHandshake:
                         "start every node with the same --nodes and --gpus")
         if self.node_rank is not None:
             name = f"rank/{self.node_rank}"
-            holder = self._load_json(name, self.store.compare_set(name, "", self._dump(name, json.dumps(me))))
+            holder = self.verified_json(name, self.store.compare_set(name, "", self.signed(name, json.dumps(me))))
             if holder["token"] != me["token"]:
                 return (f"two nodes use --node-rank {self.node_rank} ({_who(holder)} and {_who(me)}): "
                         "give each machine its own --node-rank in 0..N-1")
@@ -217,7 +215,7 @@ class NodeHandshake:
             if self._slot is None:
                 self._slot = self.store.add("placed", 1)
             name = f"placement/{self._slot}"
-            self.store.set(name, self._dump(name, json.dumps(self._record)))
+            self.store.set(name, self.signed(name, json.dumps(self._record)))
         except (RuntimeError, TimeoutError, AttributeError) as e:
             log.debug(f"publishing this node's placement failed: {e!r}")
 
@@ -257,7 +255,7 @@ class NodeHandshake:
     def publish_end(self, node: int, status: str, error: Optional[str]) -> None:
         """How this node's part ended, for the head node's verdict (a hang on node 1 named on node 0). Never raises."""
         try:
-            self.store.set(f"end/{node}", self._dump(f"end/{node}", json.dumps({"status": status, "error": error})))
+            self.store.set(f"end/{node}", self.signed(f"end/{node}", json.dumps({"status": status, "error": error})))
         except (RuntimeError, TimeoutError, AttributeError) as e:
             log.debug(f"publishing how this node ended failed: {e!r}")
 
@@ -270,7 +268,7 @@ class NodeHandshake:
                 return {}
             while not self.store.check(list(keys.values())) and time.monotonic() < deadline:
                 time.sleep(POLL_S)
-            return {k: self._load_json(key, self.store.get(key)) for k, key in keys.items() if self.store.check([key])}
+            return {k: self.verified_json(key, self.store.get(key)) for k, key in keys.items() if self.store.check([key])}
         except (RuntimeError, TimeoutError, AttributeError, ValueError, RendezvousAuthError) as e:
             log.debug(f"reading how the other nodes ended failed: {e!r}")
             return {}
@@ -281,46 +279,19 @@ class NodeHandshake:
         # a node takes its index, then writes its record: wait for the records, not the count
         while not self.store.check(keys) and time.monotonic() < deadline:
             time.sleep(POLL_S)
-        return [self._load_json(k, self.store.get(k)) for k in keys if self.store.check([k])]
+        return [self.verified_json(k, self.store.get(k)) for k in keys if self.store.check([k])]
 
     def _wait_key(self, key: str) -> None:
         deadline = time.monotonic() + PLACEMENT_WAIT_S
         while not self.store.check([key]) and time.monotonic() < deadline:
             time.sleep(POLL_S)
 
-    # -- while the workers run (the watchdog's thread) ----------------------------------------
-    def flag_stuck_start(self, node: int) -> None:
-        """Tell every node that a rank here has waited in init_process_group past watchdog.start_timeout_s:
-        their ranks that never started are part of that stuck start, wherever they are. Never raises."""
-        with contextlib.suppress(RuntimeError, TimeoutError, ValueError):
-            self._side().set(STUCK_START, self._dump(STUCK_START, json.dumps({"node": node})))
-
-    def stuck_start_flagged(self) -> bool:
-        """Whether some node has flagged a stuck start (a value not signed with this job's secret is no flag)."""
-        try:
-            side = self._side()
-            return bool(side.check([STUCK_START])) and bool(self._load_json(STUCK_START, side.get(STUCK_START)))
-        except (RuntimeError, TimeoutError, ValueError, RendezvousAuthError):
-            return False
-
-    def _side(self) -> Any:
-        """A second client of the store, the watchdog thread's own: the main thread's stays free for its calls.
-        One try to connect: a store gone by then (the host node stopped) is not asked again."""
-        if self._side_store is None:
-            from torch.distributed import PrefixStore, TCPStore
-
-            self._side_store = False
-            raw = TCPStore(self.host, self.port, is_master=False, timeout=datetime.timedelta(seconds=SIDE_TIMEOUT_S))
-            self._side_store = PrefixStore(f"launcher/{self.plan.rdzv_id}/", raw)
-        if self._side_store is False:
-            raise RuntimeError("no connection to the handshake store")
-        return self._side_store
-
     def close(self) -> None:
-        self.store = self._raw = self._side_store = None
+        self.store = self._raw = None
 
     # -- signed values ----------------------------------------------------------------------
-    def _dump(self, name: str, text: str) -> bytes:
+    def signed(self, name: str, text: str) -> bytes:
+        """text as a value under name: signed with the job's secret where it has one (launcher.backends.peer_flags too)."""
         payload = text.encode()
         return signing.sign(self.key, self._context(name), payload) if self.key else payload
 
@@ -335,7 +306,8 @@ class NodeHandshake:
             raise RendezvousAuthError(self._not_ours("is signed with a secret, and this node was given none"))
         return bytes(blob)
 
-    def _load_json(self, name: str, blob: bytes) -> Dict[str, Any]:
+    def verified_json(self, name: str, blob: bytes) -> Dict[str, Any]:
+        """The record a value under name holds; RendezvousAuthError where it is not signed by this job or not a record."""
         payload = self._load(name, blob)
         try:
             found = json.loads(payload)

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.agent.launch import first_result, run_node
-from launcher.agent.watchdog import StartPeers, nodes_verdict
+from launcher.agent.watchdog import nodes_verdict
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.agent.zygote import Zygote, die_with_parent
 from launcher.backends import local, mirror
 from launcher.backends.addresses import choose_interface
 from launcher.backends.handshake import NodeHandshake, describe_nodes
+from launcher.backends.peer_flags import PeerFlags
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict
 from launcher.errors import LauncherError
@@ -65,9 +66,8 @@ class NodeSession:
     def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
         self.meet()
         local_addr = config["rdzv"].get("local_addr") or choose_interface(self.handshake.host, self.handshake.port)
-        node = plan.node_rank or 0
         self.mirror = mirror.start(plan, self.handshake.host, self.handshake.port, self.key, self.is_head)
-        peers = StartPeers(flag=lambda: self.handshake.flag_stuck_start(node), flagged=self.handshake.stuck_start_flagged)
+        peers = PeerFlags(self.handshake, lambda: int(self.logs.placement.get("group_rank", plan.node_rank or 0)), plan.nodes)
         results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key, peers=peers)
         holds_rank0 = first_result(results) is not None
         self.node_list = self.handshake.exchange_placement(plan.nodes, holds_rank0)
