@@ -31,6 +31,8 @@ TOKEN_FILE = ".head-token"  # in the head's run directory while the job runs
 INTERVAL_S = 1.0  # how often a sender looks at its files (and the receiver at the store: half that)
 MAX_IN_FLIGHT = 4  # batches a sender puts before the head has applied them
 END_WAIT_S = 5.0  # at the job's end, how long one side waits for the other's last batches
+BYE = "bye"  # a sender read its last ack: the head, which hosts the store, may end
+BYE_WAIT_S = 2.0
 STORE_TIMEOUT_S = 10.0
 Store = Any  # a torch.distributed Store
 
@@ -69,7 +71,7 @@ class _Side:
             self.loop()
         except Exception as e:  # the store gone (its host ended), the disk full: the job goes on without it
             if not self.halt.is_set():
-                log.warning(f"copying the other nodes' logs to the head stopped: {e.__class__.__name__}: {e}")
+                log.warning(f"copying the other nodes' logs to the head stopped: {e.__class__.__name__}: {first_line(e)}")
 
     def loop(self) -> None:
         raise NotImplementedError
@@ -146,10 +148,15 @@ class Sender(_Side):
             self.store.set(f"{self.me}/done", self._dump(f"{self.me}/done", str(self.posted).encode()))
             while int(self.store.add(f"{self.me}/acked", 0)) < self.posted and time.monotonic() < deadline:
                 time.sleep(0.05)
-            return int(self.store.add(f"{self.me}/acked", 0)) >= self.posted
+            complete = int(self.store.add(f"{self.me}/acked", 0)) >= self.posted
         except Exception as e:  # the head's store is gone: what was applied is there
-            log.warning(f"copying this node's last log lines to the head failed: {e.__class__.__name__}: {e}")
+            log.warning(f"copying this node's last log lines to the head failed: {e.__class__.__name__}: {first_line(e)}")
             return False
+        try:  # the head may go now: it waits for this, so no call above met a store whose host had just ended
+            self.store.set(f"{self.me}/{BYE}", "1")
+        except Exception as e:  # the head stopped waiting: everything was applied all the same
+            log.debug(f"telling the head this node is done failed: {e!r}")
+        return complete
 
 
 class Receiver(_Side):
@@ -215,14 +222,31 @@ class Receiver(_Side):
                         self.apply_posted()
                         break
                     time.sleep(0.1)
+                self._wait_for_byes()
         except Exception as e:
-            log.warning(f"copying the other nodes' last log lines failed: {e.__class__.__name__}: {e}")
+            log.warning(f"copying the other nodes' last log lines failed: {e.__class__.__name__}: {first_line(e)}")
         finally:
             try:
                 os.unlink(os.path.join(self.run_dir, TOKEN_FILE))
             except OSError:
                 pass
         return True
+
+
+    def _wait_for_byes(self) -> None:
+        """Before the head ends (and the store with it): each sender that said it is done has read its last ack.
+        Bounded by BYE_WAIT_S: a sender gone meanwhile holds nobody up."""
+        if self.store is None:
+            return
+        done = [k + 1 for k in range(len(self.applied)) if not self.stopped[k] and self.store.check([f"{k + 1}/done"])]
+        deadline = time.monotonic() + BYE_WAIT_S
+        while any(not self.store.check([f"{me}/{BYE}"]) for me in done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def first_line(e: BaseException) -> str:
+    """An error's first line: torch's store errors carry a C++ stack trace after it, which is for the log file."""
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def start(plan: Any, host: str, port: int, key: Optional[bytes], head: bool) -> Optional[_Side]:
