@@ -96,12 +96,15 @@ def worker_processes(pid: int) -> List[psutil.Process]:
     and less the launcher's own helper commands (the `git` it runs to record provenance) with theirs."""
     found = []
     try:
-        children = psutil.Process(pid).children()
+        launcher = psutil.Process(pid)
+        children, own = launcher.children(), launcher.cmdline()
     except psutil.NoSuchProcess:
         return []
     for child in children:
         try:
-            if not child.name().startswith("python"):
+            # a child with the launcher's own command line is forked and not yet exec'ed: the `git` on its way
+            # (counted as a third worker once, tests/test_watchdog.py under load)
+            if not child.name().startswith("python") or child.cmdline() == own:
                 continue
             found.extend(([] if "zygote" in child.cmdline() else [child]) + child.children(recursive=True))
         except psutil.NoSuchProcess:
