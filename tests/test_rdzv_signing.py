@@ -51,9 +51,9 @@ def c10d(port: int, rdzv_id: str = "signed") -> List[str]:
     return ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id]
 
 
-def start_node(tmp_path: Path, argv: List[str], secret: Optional[str]) -> subprocess.Popen:
+def start_node(tmp_path: Path, argv: List[str], secret: Optional[str], runs: str = "runs") -> subprocess.Popen:
     env: Dict[str, str] = {SECRET_ENV: secret} if secret is not None else {}
-    return start_launcher([f"output_dir={tmp_path / 'runs'}", *argv], tmp_path, env=env)
+    return start_launcher([f"output_dir={tmp_path / runs}", *argv], tmp_path, env=env)
 
 
 def finish(procs: List[subprocess.Popen], timeout: float) -> List[str]:
@@ -232,7 +232,9 @@ def test_a_forged_rendezvous_state_is_refused_and_runs_no_code(tmp_path):
     # node 1 reads the forged state too, unless node 0 has gone first: then it waits out its --rdzv-timeout.
     # 60 s, not 25: in the suite at load 12 node 1's start took longer, and node 0 gave up on it before reading
     argv = [*TWO, "--rdzv-timeout", "60", *c10d(port, "victim"), "trainer.steps=2", *QUICK]
-    node0 = start_node(tmp_path, argv, "the-job-secret")
+    # each node its own output folder, as on two machines: in a shared one, a node 1 that refused first leaves
+    # plan.json behind, and node 0 then refuses the run id as an earlier run's (1 in 30 here) before it reads the state
+    node0 = start_node(tmp_path, argv, "the-job-secret", runs="machine0")
     deadline = time.monotonic() + 60
     while True:  # the attacker: a plain store client on the job's rendezvous port
         try:
@@ -243,7 +245,7 @@ def test_a_forged_rendezvous_state_is_refused_and_runs_no_code(tmp_path):
             time.sleep(0.2)
     attacker.set("torch.rendezvous.victim", base64.b64encode(pickle.dumps(Forged(marker))).decode())
     del attacker
-    node1 = start_node(tmp_path, argv, "the-job-secret")
+    node1 = start_node(tmp_path, argv, "the-job-secret", runs="machine1")
     outs = finish([node0, node1], timeout=180)
     assert not marker.exists(), "the forged state was unpickled"
     assert node0.returncode == 2, outs[0]
