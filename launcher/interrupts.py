@@ -14,12 +14,18 @@ can read. So, in order:
 - ``recording()``: once torch's agent has returned, a signal is recorded again: the handlers it leaves
   behind (torch's, raising its SignalException) would raise anywhere, in the middle of summary.json or
   in an atexit handler, as a traceback.
+- ``settled()``: the run's summary says "completed": a stop signal, recorded before or coming later, is
+  dropped (the one recorded is returned, to be named): the job is done, and an exit of 130 or 143 would
+  contradict summary.json and send a resume that has nothing left to train.
 - ``conclude()``: the command has its exit code; a signal recorded before is raised now, to end in the
   one "interrupted" line, and any later one is dropped: the exit only waits for the zygote to end.
+  Through the interpreter's own teardown too: it resets the handlers to the default first, and a
+  SIGTERM there would end a completed run's launcher with -15; the signals are ignored for it instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -33,6 +39,7 @@ HELD: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP
 class _State:
     mode = "off"  # off: raise | exit: end the process at once | record: keep for release() | quiet: drop
     pending: int | None = None  # the first signal that came while recording
+    teardown_guarded = False
 
 
 def _held(signum: int, _frame: object) -> None:
@@ -54,6 +61,16 @@ def hold() -> None:
     _State.mode = "exit"
     for sig in HELD:
         signal.signal(sig, _held)
+    if not _State.teardown_guarded:  # registered first, so it runs last of the atexit handlers
+        _State.teardown_guarded = True
+        atexit.register(_block_for_the_teardown)
+
+
+def _block_for_the_teardown() -> None:
+    """After conclude(), the stop signals stay dropped through the interpreter's teardown (module docstring)."""
+    if _State.mode == "quiet":
+        for sig in HELD:  # ignored, not blocked: a mask is one thread's, and torch's threads would take it
+            signal.signal(sig, signal.SIG_IGN)  # the teardown resets Python's own handlers, never SIG_IGN
 
 
 @contextlib.contextmanager
@@ -82,6 +99,15 @@ def recording() -> None:
     late = _handle_with(_held)
     if _State.pending is None:
         _State.pending = late
+
+
+def settled() -> int | None:
+    """The run completed and its summary is written: from now on a stop signal is dropped; the one recorded
+    before is returned (see the module's docstring)."""
+    _State.mode = "quiet"
+    late = _handle_with(_held)
+    signum, _State.pending = _State.pending, None
+    return signum or late
 
 
 def conclude() -> None:

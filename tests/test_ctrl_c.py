@@ -86,3 +86,36 @@ def test_a_signal_after_the_agent_is_recorded_then_raised_once_then_dropped(tmp_
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     out, _ = communicate_bounded(proc, 60, "python")
     assert proc.returncode == 0 and out.splitlines() == ["recorded", "raised at the end: 2", "dropped"], out
+
+
+# A completed run: a signal recorded after the agent is named and dropped (the summary says "completed", so the
+# exit is 0), and one during the interpreter's teardown, when Python has put its handlers back to the default,
+# does not end the launcher with -15 either.
+AFTER_A_COMPLETED_RUN = textwrap.dedent("""
+    import os, signal, time
+    from launcher import interrupts
+
+    class InTheTeardown:
+        def __del__(self):  # module teardown: after the interpreter reset its signal handlers
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            os.write(1, b"survived the teardown\\n")
+
+    late = InTheTeardown()
+    interrupts.hold()
+    interrupts.release()
+    interrupts.recording()
+    os.kill(os.getpid(), signal.SIGTERM)  # recorded, as the summary is written
+    print("settled with", interrupts.settled(), flush=True)
+    interrupts.conclude()  # nothing left to raise
+    os.kill(os.getpid(), signal.SIGINT)  # dropped
+    print("concluded", flush=True)
+""")
+
+
+def test_a_signal_as_a_completed_run_ends_changes_nothing_through_the_interpreters_teardown(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", AFTER_A_COMPLETED_RUN], cwd=tmp_path, env=launcher_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = communicate_bounded(proc, 60, "python")
+    assert proc.returncode == 0, (proc.returncode, out)
+    assert out.splitlines() == ["settled with 15", "concluded", "survived the teardown"], out

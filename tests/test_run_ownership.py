@@ -7,6 +7,7 @@ finished run's id, `resume` of a simulated two-node run, and SIGTERM after the l
 import json
 import signal
 import socket
+import time
 
 import pytest
 
@@ -87,16 +88,29 @@ def test_resume_of_a_simulated_two_node_run_completes_and_keeps_the_earlier_rank
     assert f"the earlier rank logs are in {kept}" in resumed.stderr
 
 
-def test_sigterm_after_the_last_step_ends_completed(tmp_path):
+@pytest.mark.parametrize("moment", ["final gathers", "report"])
+def test_sigterm_after_the_last_step_ends_completed(tmp_path, moment):
+    """SIGTERM as the ranks finish (the agent stops them), or as the launcher reports and exits: completed, exit 0."""
     steps = 6
     proc = start_launcher(["--gpus", "2", f"output_dir={tmp_path}", "run_id=late", f"trainer.steps={steps}",
                            "trainer.log_every=1", *QUIET], cwd=tmp_path)
     run_dir = tmp_path / "late"
     last = run_dir / "checkpoints" / f"step-{steps:08d}" / "manifest.json"
     try:
-        wait_while_running(last.is_file, 300, proc, "the last step's checkpoint")
-        proc.send_signal(signal.SIGTERM)  # the ranks are in their final gathers, or already gone
-        out, _ = proc.communicate(timeout=60)
+        if moment == "final gathers":
+            wait_while_running(last.is_file, 300, proc, "the last step's checkpoint")
+            proc.send_signal(signal.SIGTERM)  # the ranks are in their final gathers, or already gone
+            out, _ = proc.communicate(timeout=60)
+        else:
+            lines = []
+            for line in proc.stdout:  # bounded by the test's timeout
+                lines.append(line)
+                if line.startswith("[launcher] completed in"):
+                    break
+            while proc.poll() is None:  # through the launcher's exit: its atexit handlers, its teardown
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(0.05)
+            out = "".join(lines) + proc.stdout.read()
     finally:
         kill_group(proc)
     summary = read_summary(run_dir)

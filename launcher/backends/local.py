@@ -80,8 +80,13 @@ def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optio
     if killed:  # launcher.agent.processes: finished their script, then hung in the interpreter's exit
         base["ranks_killed_at_exit"] = killed
     summary = finish_as(run_dir, base, first_result(results), "completed", started, restarts=restarts)
-    log.info(one_line_summary(summary, run_dir))
+    log.info(after_the_last_step(interrupts.settled()) + one_line_summary(summary, run_dir))
     return 0
+
+
+def after_the_last_step(signum: Optional[int]) -> str:
+    """'interrupted by SIGTERM after the last step; ' for a stop signal that came once the job had completed."""
+    return f"interrupted by {signal.Signals(signum).name} after the last step; " if signum else ""
 
 
 def stopped(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any], base: Dict[str, Any],
@@ -91,6 +96,7 @@ def stopped(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any
     rank0 = finished_rank0(cfg, plan, started, session)
     if rank0 is not None:  # nothing left to train: "interrupted" would send a resume that refuses, forever
         summary = finish_as(run_dir, base, rank0, "completed", started)
+        interrupts.settled()  # this one is named below; a later one changes nothing
         log.info(f"{how} after the last step; {one_line_summary(summary, run_dir)}")
         return 0
     finish_as(run_dir, base, None, "interrupted", started)

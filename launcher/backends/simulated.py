@@ -170,6 +170,7 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
     summary_path = run_dir / "summary.json"
     finished = summary_path.exists() if code == 0 else code >= 128 and _completed_since(summary_path, started)
     if finished:  # node 0 wrote it: a stop that came after the last step ends "completed" too
+        interrupts.settled()
         log.info(one_line_summary(read_json(summary_path), run_dir))
         return 0
     base = {**summary_base(cfg, plan), **_what_the_nodes_knew(summary_path, started),
