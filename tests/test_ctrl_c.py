@@ -57,6 +57,14 @@ def test_a_second_sigint_while_the_scripts_traceback_is_printed_shows_no_launche
     assert not LAUNCHER_FRAME.search(out) and "During handling" not in out, out
 
 
+def run_python(tmp_path, code):
+    """python -c CODE in its own session, to its end (60 s at most): the process and its output."""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=launcher_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = communicate_bounded(proc, 60, "python")
+    return proc, out
+
+
 # After the agent: a signal is recorded (torch's handler, left behind, raised it anywhere), raised once the
 # command has its exit code, and one after that is dropped (the launcher's exit only waits for its zygote).
 AFTER_THE_AGENT = textwrap.dedent("""
@@ -82,9 +90,7 @@ AFTER_THE_AGENT = textwrap.dedent("""
 
 
 def test_a_signal_after_the_agent_is_recorded_then_raised_once_then_dropped(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", AFTER_THE_AGENT], cwd=tmp_path, env=launcher_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    out, _ = communicate_bounded(proc, 60, "python")
+    proc, out = run_python(tmp_path, AFTER_THE_AGENT)
     assert proc.returncode == 0 and out.splitlines() == ["recorded", "raised at the end: 2", "dropped"], out
 
 
@@ -114,8 +120,32 @@ AFTER_A_COMPLETED_RUN = textwrap.dedent("""
 
 
 def test_a_signal_as_a_completed_run_ends_changes_nothing_through_the_interpreters_teardown(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", AFTER_A_COMPLETED_RUN], cwd=tmp_path, env=launcher_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    out, _ = communicate_bounded(proc, 60, "python")
+    proc, out = run_python(tmp_path, AFTER_A_COMPLETED_RUN)
     assert proc.returncode == 0, (proc.returncode, out)
     assert out.splitlines() == ["settled with 15", "concluded", "survived the teardown"], out
+
+
+# The launcher process's end (interrupts.end): its threads are joined and its atexit handlers run, what it wrote
+# to a pipe without flushing arrives, and the exit code is main's, as with sys.exit; the interpreter's teardown
+# (a __del__ at module clearing stands for it here) is skipped.
+THE_END = textwrap.dedent("""
+    import atexit, os, sys, threading, time
+    from launcher import interrupts
+
+    class InTheTeardown:
+        def __del__(self):
+            os.write(1, b"teardown ran\\n")
+
+    late = InTheTeardown()
+    interrupts.hold()
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread joined"))).start()
+    atexit.register(print, "atexit ran")  # buffered: stdout is a pipe
+    print("main done")
+    interrupts.end(3)
+""")
+
+
+def test_the_launchers_end_keeps_its_exit_code_atexit_handlers_threads_and_output(tmp_path):
+    proc, out = run_python(tmp_path, THE_END)
+    assert proc.returncode == 3, (proc.returncode, out)
+    assert out.splitlines() == ["main done", "thread joined", "atexit ran"], out

@@ -33,4 +33,4 @@ def test_wheel_carries_configs_and_console_script(tmp_path):
     top_level = next(n for n in names if n.endswith("top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["launcher"]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "launcher = launcher.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "launcher = launcher.__main__:entry" in zipfile.ZipFile(wheel).read(entry_points).decode()
