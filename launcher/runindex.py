@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Union
 
 from launcher.backends.base import run_kind
 from launcher.runlock import live_holders
+from launcher.runtime.formatting import first_line
 
 STATUSES = ("running", "completed", "failed", "interrupted", "dead", "unknown", "damaged")
 # summary.json's own words -> the index's (a hang is a kind of failure; its error says which rank)
@@ -51,7 +52,7 @@ def entry_or_damaged(path: Path, now: float) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # text not UTF-8, a field of a wrong type
         row = pending_row(path, now)
         del row["pending"]
-        return {**row, "status": "damaged", "error": f"damaged: {e.__class__.__name__}: {first_line(e) or ''}".strip(),
+        return {**row, "status": "damaged", "error": f"damaged: {e.__class__.__name__}: {error_line(e) or ''}".strip(),
                 "started": _mtime(path), "age_s": max(0.0, now - (_mtime(path) or now))}
 
 
@@ -105,7 +106,7 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
         "command": next_command(here, status, bool(job), "checkpoints" in names, failed_rank(summary, status)),
         "updated": _mtime(os.path.join(here, "metrics.jsonl")) or started,
         "world_size": summary.get("world_size") or plan.get("world_size"),
-        "error": first_line(summary.get("error")) if status in ("failed", "interrupted") else None,
+        "error": error_line(summary.get("error")) if status in ("failed", "interrupted") else None,
         "failed_rank": failed_rank(summary, status),
         "holders": [f"{h.host}:{h.pid}" for h in holders],
     }
@@ -284,11 +285,9 @@ def pending_row(run_dir: Path, now: float) -> Dict[str, Any]:
             "age_s": None, "command": "", "pending": True}
 
 
-def first_line(text: Any) -> Optional[str]:
-    if not text:
-        return None
-    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
-    return line[:200] or None
+def error_line(text: Any) -> Optional[str]:
+    """An error as ls and the board show it: its first line, 200 characters at most; None for none."""
+    return first_line(text)[:200] if text else None
 
 
 def _subdirs(path: Path) -> Iterable[Path]:

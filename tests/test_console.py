@@ -53,3 +53,12 @@ def test_the_worker_count_announced_is_the_jobs(tmp_path):
     assert "[launcher] no CUDA device: running 2 CPU workers (2 nodes x 1) with gloo" in result.stderr, result.stderr
     assert ": 2 workers (2 nodes x 1), gloo" in result.stderr, result.stderr
     assert "1 CPU worker " not in result.stderr and "running 1 CPU" not in result.stderr, result.stderr
+
+
+def test_a_messages_first_line_is_what_one_line_errors_and_warnings_show():
+    from launcher.runtime.formatting import first_line
+
+    store_error = "  TCPStore recvValue failed: Connection closed by peer\nException raised from recvBytes\nframe #0: c10::Error"
+    assert first_line(store_error) == "TCPStore recvValue failed: Connection closed by peer"
+    assert first_line(ValueError("bad value\n  in: line 2")) == "bad value"
+    assert first_line("") == first_line(None) == first_line("\n  \n") == ""

@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional
 from launcher.agent import signing
 from launcher.backends.mirror_files import Copies, SharedFolder, Tails
 from launcher.runtime import safefs
+from launcher.runtime.formatting import first_line
 
 log = logging.getLogger("launcher")
 TOKEN_FILE = ".head-token"  # in the head's run directory while the job runs
@@ -242,11 +243,6 @@ class Receiver(_Side):
         deadline = time.monotonic() + BYE_WAIT_S
         while any(not self.store.check([f"{me}/{BYE}"]) for me in done) and time.monotonic() < deadline:
             time.sleep(0.05)
-
-
-def first_line(e: BaseException) -> str:
-    """An error's first line: torch's store errors carry a C++ stack trace after it, which is for the log file."""
-    return (str(e).strip().splitlines() or [""])[0]
 
 
 def start(plan: Any, host: str, port: int, key: Optional[bytes], head: bool) -> Optional[_Side]:

@@ -14,6 +14,7 @@ from typing import Optional
 from launcher import configs as shipped_configs
 from launcher.config.inputs import check_no_tilde
 from launcher.errors import ConfigError
+from launcher.runtime.formatting import first_line
 from launcher.trainers.checkpoint.objects import missing_implementation
 
 CONFIG_DIR = Path(shipped_configs.__file__).resolve().parent  # the repository's configs/, installed as launcher.configs
@@ -56,7 +57,7 @@ def check_module(name: str) -> None:
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as e:  # a parent package is missing or failed to import; an empty name
-        raise ConfigError(f"-m {name}: cannot be found ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+        raise ConfigError(f"-m {name}: cannot be found ({e.__class__.__name__}: {first_line(e)}): "
                           "check the name, and that its package is installed in this environment") from e
     except Exception as e:  # a parent package's own code raised while it was imported
         raise ConfigError(f"-m {name}: importing its parent package failed ({e.__class__.__name__}): "

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Union
 import yaml
 
 from launcher.errors import ConfigError
+from launcher.runtime.formatting import first_line
 from launcher.config.inputs import (check_finite, check_int_bounds, check_no_tilde, check_override, check_run_id,
                                     parse_yaml_mapping, section_given_a_value)
 from launcher.config.paths import check_checkpoint_dir, check_output_dir, check_script, resolve_config_path
@@ -264,9 +265,9 @@ def _explain(where: str, e: Exception, layer: Any) -> str:
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         return f"{where}: unknown config key '{key}': see `python -m launcher --show-config` for the keys{' under ' + parent if parent else ''}"
     if isinstance(e, ValidationError):
-        msg = str(e).splitlines()[0]
+        msg = first_line(e)
         return f"{where}: wrong type for '{key}': {msg}; see `python -m launcher --show-config` for its type"
-    return f"{where}: {str(e).splitlines()[0]}"
+    return f"{where}: {first_line(e)}"
 
 
 def validate(cfg: Config) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import yaml
 
 from launcher.errors import ConfigError
+from launcher.runtime.formatting import first_line
 
 MAX_YAML_BYTES = 1 << 20  # a config of every key is about 3 KB: a megabyte is a mistake, not a config
 MAX_YAML_DEPTH = 32  # the schema nests 3 deep; slurm.extra or wandb.tags may add a few
@@ -85,7 +86,7 @@ def load_yaml(text: str, where: str, fix: Optional[str] = "fix the file") -> Any
     except yaml.YAMLError as e:
         if fix is None:
             return None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        first = first_line(e) or e.__class__.__name__
         raise ConfigError(f"{where} is not valid YAML ({first}): {fix}") from e
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher.errors import ConfigError
 from launcher.runtime import safefs
+from launcher.runtime.formatting import first_line
 from launcher.trainers.checkpoint.objects import filesystem, is_url, join, preflight
 
 if TYPE_CHECKING:  # `ls` and `logs` import this module and need no config
@@ -164,7 +165,7 @@ class Uploader:
                 fs.pipe_file(f"{root}/{name}", data)
                 self.sent[name] = (st.st_size, st.st_mtime_ns)
         except Exception as e:  # a store gone away, a file replaced as it was read: never the job's failure
-            return f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            return f"{e.__class__.__name__}: {first_line(e)}"
         return None
 
     def close(self) -> bool:

@@ -40,3 +40,10 @@ def age(value_s: Optional[float]) -> str:
         if value_s >= size:
             return f"{value_s / size:.0f}{unit}"
     return f"{value_s:.0f}s"
+
+
+def first_line(text: object) -> str:
+    """A message's first line, stripped; '' for none. Torch's store errors carry a C++ stack trace after it,
+    YAML's errors and a command's stderr more lines: those are for a log file, not a one-line error."""
+    lines = str(text).strip().splitlines() if text is not None else []
+    return lines[0].strip() if lines else ""

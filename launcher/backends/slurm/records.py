@@ -30,7 +30,7 @@ def _slurm(args: List[str], timeout: float = 30) -> str:
     except subprocess.TimeoutExpired as e:
         raise LaunchError(f"`{' '.join(args)}` did not answer within {timeout:.0f}s: is slurmctld up?") from e
     if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["no message"])[0]
+        first = formatting.first_line(done.stderr) or "no message"
         raise LaunchError(f"`{' '.join(args)}` failed: {first}")
     return done.stdout
 

@@ -28,6 +28,7 @@ from launcher.runlock import existing_run
 from launcher.backends.slurm.records import JOB_FILE, wait_for_job
 from launcher.backends.slurm.submitit_private import sbatch_script
 from launcher.runtime import env
+from launcher.runtime.formatting import first_line
 
 def partition_has_gpus(partition: Optional[str]) -> bool:
     """Whether the partition's nodes offer gres/gpu (sinfo); False where sinfo cannot say."""
@@ -81,7 +82,7 @@ def build_executor(cfg: Config, folder: Path, gpus_per_node: int) -> Any:
     try:
         executor.update_parameters(**executor_parameters(cfg, gpus_per_node))
     except ValueError as e:  # submitit names the unknown parameter
-        raise LaunchError(f"slurm settings rejected by submitit: {str(e).splitlines()[0]}: fix slurm.extra") from e
+        raise LaunchError(f"slurm settings rejected by submitit: {first_line(e)}: fix slurm.extra") from e
     return executor
 
 
