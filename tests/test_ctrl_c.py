@@ -102,10 +102,12 @@ AFTER_A_COMPLETED_RUN = textwrap.dedent("""
     from launcher import interrupts
 
     class InTheTeardown:
-        def __del__(self):  # module teardown: after the interpreter reset its signal handlers
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.2)
-            os.write(1, b"survived the teardown\\n")
+        # module teardown, after the interpreter reset its signal handlers; what it calls is bound here,
+        # since the module's own names may be cleared before this object is
+        def __del__(self, kill=os.kill, pid=os.getpid(), sig=signal.SIGTERM, sleep=time.sleep, write=os.write):
+            kill(pid, sig)
+            sleep(0.2)
+            write(1, b"survived the teardown\\n")
 
     late = InTheTeardown()
     interrupts.hold()
@@ -133,8 +135,8 @@ THE_END = textwrap.dedent("""
     from launcher import interrupts
 
     class InTheTeardown:
-        def __del__(self):
-            os.write(1, b"teardown ran\\n")
+        def __del__(self, write=os.write):  # bound here: the module's names may be cleared first
+            write(1, b"teardown ran\\n")
 
     late = InTheTeardown()
     interrupts.hold()
