@@ -79,3 +79,16 @@ def test_help_says_c10d_admits_different_worker_counts():
     assert "nodes may run different worker counts" in text
     for flag in ("--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-timeout"):
         assert flag in text
+
+
+def test_simulated_nodes_meet_on_a_free_port_below_the_ephemeral_range():
+    """Not one the kernel also hands to outgoing connections (another job's gloo took one before node 0 bound it)."""
+    import socket
+
+    from launcher.backends.addresses import BELOW_EPHEMERAL, ephemeral_low, free_port
+
+    low = ephemeral_low()
+    ports = [free_port() for _ in range(20)]
+    assert all(low - BELOW_EPHEMERAL <= port < low for port in ports) and len(set(ports)) > 1, (low, ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))  # free when handed out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from typing import Optional, Tuple
 
@@ -25,11 +26,38 @@ def resolve_or_fail(host: str, flag: str) -> None:
                           "check the spelling, or give node 0's IP address") from e
 
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+BELOW_EPHEMERAL = 12000  # how many ports under the ephemeral range to draw from
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out, for nodes simulated on this machine to meet on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A free port for nodes simulated on this machine to meet on, drawn below the kernel's ephemeral range.
+
+    A port from bind(0) is one the kernel also hands to outgoing connections: in the seconds before node 0
+    binds it (its import of torch), another job's gloo connection took it once ("already in use", a loaded
+    test suite). Below the range only a listener can hold it, and the draw is random, not sequential."""
+    low = ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(64) if low - BELOW_EPHEMERAL >= 1024 else ():
+        port = draw.randrange(low - BELOW_EPHEMERAL, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a machine whose range starts low
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default, 32768, where it cannot be read)."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_is_free(port: int) -> bool:
