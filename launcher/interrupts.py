@@ -134,11 +134,9 @@ def settled() -> int | None:
 
 def conclude() -> None:
     """The command has its exit code: a signal recorded before is raised now; from now on one is dropped."""
-    signum, _State.pending = _State.pending, None
-    _State.mode = "quiet"
-    late = _handle_with(_held)
-    if signum is not None or late is not None:
-        raise Interrupted(signum or late or signal.SIGINT)
+    signum = settled()
+    if signum is not None:
+        raise Interrupted(signum)
 
 
 def _handle_with(handler: Callable[[int, object], None]) -> int | None:
