@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import pytest
 
@@ -86,18 +86,22 @@ def run_torchrun(args: List[str], cwd: Path, env: Dict[str, str], out: Path,
 
 
 def run_both(workdir: Path, script: str, args: Sequence[str] = (), overrides: Sequence[str] = (),
-             env: Optional[Dict[str, str]] = None) -> Runs:
-    """SCRIPT ARGS --out DIR under the launcher, then under torchrun, both started in workdir."""
+             env: Optional[Dict[str, str]] = None, out_args: Callable[[Path], List[str]] = lambda out: ["--out", str(out)],
+             beside: Sequence[str] = ()) -> Runs:
+    """SCRIPT ARGS --out DIR (out_args) under the launcher, then under torchrun, both started in workdir; the folders
+    named in beside are copied next to the script (a Hydra app's configuration)."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(SCRIPTS / script, workdir / script)
+    for folder in beside:
+        shutil.copytree(SCRIPTS / folder, workdir / folder)
     env = {**COMMON_ENV, **(env or {})}
     ours_out, theirs_out = workdir / "ours", workdir / "theirs"
     ours_out.mkdir()
     theirs_out.mkdir()
     runs = workdir / "runs"
-    ours = run_launcher(["--gpus", "2", f"output_dir={runs}", *overrides, script, *args, "--out", str(ours_out)],
+    ours = run_launcher(["--gpus", "2", f"output_dir={runs}", *overrides, script, *args, *out_args(ours_out)],
                         cwd=workdir, timeout=RUN_TIMEOUT_S, env=env)
-    theirs = run_torchrun([script, *args, "--out", str(theirs_out)], cwd=workdir, env=env, out=theirs_out)
+    theirs = run_torchrun([script, *args, *out_args(theirs_out)], cwd=workdir, env=env, out=theirs_out)
     return Runs(ours, theirs, ours_out, theirs_out, runs)
 
 
@@ -130,6 +134,15 @@ def hf(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     workdir = tmp_path_factory.mktemp("hf")
     offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(workdir / "hf-home")}  # nothing downloads
     return run_both(workdir, "hf_trainer.py", overrides=NO_WANDB, env=offline)  # W&B off as in `failing`
+
+
+@pytest.fixture(scope="module")
+def hydra_app(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """A Hydra app (configuration beside it, overrides on the command line) that lets Hydra change its working folder
+    to the run's output folder, as Hydra before 1.2 did by default; W&B off as in `failing`."""
+    return run_both(tmp_path_factory.mktemp("hydra"), "hydra_app.py", ["lr=0.1", "hydra.job.chdir=true"],
+                    overrides=NO_WANDB, beside=["hydra_conf"],
+                    out_args=lambda out: [f"out={out}", f"hydra.run.dir={out}/hydra"])
 
 
 def env_differences(ours: Dict[str, str], theirs: Dict[str, str], watchdog: bool) -> Dict[str, tuple]:
@@ -254,3 +267,27 @@ def test_a_hugging_face_trainer_gets_its_steps_and_global_batch_counted_with_no_
     (its DataLoader wrapper fetches a batch ahead: batches per step is measured, not taken from the first look)."""
     summary = json.loads((only_run_dir(hf.runs) / "summary.json").read_text())
     assert summary["steps"] == 5 and summary["global_batch_size"] == 8 and summary["samples_per_s"] > 0
+
+
+def test_a_hydra_app_ends_with_torchruns_parameters(hydra_app):
+    same_results(hydra_app)
+
+
+def test_a_hydra_app_gets_its_configuration_overrides_and_output_folder_as_under_torchrun(hydra_app):
+    """What Hydra made of each rank's start: the job's name (the script's), the command line's overrides, the
+    resolved configuration, and the working folder it changed to (hydra.job.chdir); run folders named OUT."""
+    for rank in range(2):
+        seen = []
+        for out in (hydra_app.ours_out, hydra_app.theirs_out):
+            text = (out / f"seen-{rank}.json").read_text().replace(str(out), "OUT")
+            seen.append(json.loads(text))
+        ours, theirs = seen
+        assert ours == theirs
+        assert ours["job_name"] == "hydra_app" and ours["overrides"] == ["lr=0.1", "out=OUT"]
+        assert ours["cwd"] == ours["output_dir"] == "OUT/hydra" and ours["config"]["lr"] == 0.1
+
+
+def test_a_hydra_app_gets_its_steps_counted_with_no_change(hydra_app):
+    """Zero-code metrics: its optimizer's steps, counted from a working folder Hydra changed."""
+    summary = json.loads((only_run_dir(hydra_app.runs) / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 6
