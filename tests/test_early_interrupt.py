@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 import pytest
 
+from launcher.agent.processes import spawn_worker
+from launcher.agent.zygote import Zygote
 from tests.helpers import QUICK, REPO, catches, descendants, group_processes, kill_group, launcher_env, read_summary, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -101,3 +103,54 @@ def test_ctrl_c_once_the_run_directory_exists_leaves_an_interrupted_summary(tmp_
     (tmp_path / "workers").mkdir()
     interrupt_once(tmp_path / "workers", shape, 0.0, whole_group=True, milestone=lambda _out, pid: workers_started(pid))
     assert (read_summary(next((tmp_path / "workers" / "runs").iterdir()))["status"]) == "interrupted"
+
+
+def read_what_is_there(fd: int) -> str:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1 << 16).decode()
+    except BlockingIOError:
+        return ""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_the_agents_stop_reaches_a_worker_whose_code_has_not_started_yet(tmp_path, start_method):
+    """A Ctrl-C as the workers start: the agent's one SIGINT can reach a rank before its code has started. It stops
+    the rank once the code starts; it was lost (the rank trained on, and a short run ended "completed", exit 0).
+
+    Deterministic: the script is a FIFO, so the worker waits in reading it, before its code starts, until the
+    SIGINT has been sent; then the script is written: it would run for 5 s and print its last line.
+    """
+    script = tmp_path / "script.py"
+    os.mkfifo(script)
+    spec = {"kind": "script", "target": str(script), "args": [], "env": launcher_env(), "cwd": str(tmp_path),
+            "error_file": None, "slurm": False}
+    (out_r, out_w), (err_r, err_w), (status_r, status_w) = os.pipe(), os.pipe(), os.pipe()
+    zygote, popen = None, None
+    try:
+        if start_method == "fork":
+            zygote = Zygote("script", launcher_env())
+            pid = zygote.fork(spec, [out_w, err_w, status_w])
+        else:
+            popen = spawn_worker(spec, launcher_env(), str(tmp_path), out_w, err_w, status_w)
+            pid = popen.pid
+        for fd in (out_w, err_w, status_w):
+            os.close(fd)
+        os.kill(pid, signal.SIGINT)  # what the agent's shutdown sends (launcher.agent.processes)
+        script.write_text("import time\ntime.sleep(5)\nprint('ran to its end', flush=True)\n")
+        deadline = time.monotonic() + 60
+        code = None
+        while code is None and time.monotonic() < deadline:
+            code = popen.poll() if popen is not None else zygote.poll().get(pid)
+            time.sleep(0.05)
+        out, err = (read_what_is_there(fd) for fd in (out_r, err_r))
+    finally:
+        if zygote is not None:
+            zygote.stop()  # kills what it holds
+        if popen is not None and popen.poll() is None:
+            popen.kill()
+            popen.wait()
+        for fd in (out_r, err_r, status_r):
+            os.close(fd)
+    assert code == 128 + signal.SIGINT, f"exit {code}\n{out}{err}"
+    assert "ran to its end" not in out and "KeyboardInterrupt" in err, out + err

@@ -36,6 +36,7 @@ OBSERVER = textwrap.dedent("""
                                                 "TORCHELASTIC_MAX_RESTARTS", "MASTER_ADDR")},
         "threads": torch.get_num_threads(),
         "handlers": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")},
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "spec": __spec__ is None, "package": __package__, "start_method": multiprocessing.get_start_method(),
     }
     out = sys.argv[sys.argv.index("--out") + 1]

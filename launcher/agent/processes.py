@@ -124,7 +124,7 @@ class WorkerProcesses(PContext):
             if zygote is not None:
                 pid, popen = zygote.fork(spec, [out_w, err_w, status_w]), None
             else:
-                popen = self._fresh(spec, env, out_w, err_w, status_w)
+                popen = spawn_worker(spec, env, self.job.cwd, out_w, err_w, status_w)
                 pid = popen.pid
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
@@ -146,18 +146,6 @@ class WorkerProcesses(PContext):
             spec["trainer"] = {"config": self.job.config, "run_dir": self.job.run_dir,
                                "result_file": self._result_file(rank)}
         return spec
-
-    def _fresh(self, spec: Dict[str, Any], env: Dict[str, str], out_w: int, err_w: int, status_w: int) -> subprocess.Popen:
-        spec_r, spec_w = os.pipe()
-        with blocked_for_child():  # a Ctrl-C to the group during its interpreter's start would print a traceback
-            popen = subprocess.Popen(
-                [sys.executable, "-u", BOOTSTRAP, "worker", str(spec_r), str(os.getpid())],
-                env=env, cwd=self.job.cwd, stdout=out_w, stderr=err_w, pass_fds=(spec_r, status_w), close_fds=True,
-            )
-        os.close(spec_r)
-        with os.fdopen(spec_w, "w") as f:
-            json.dump({"spec": spec, "fds": [1, 2, status_w]}, f)
-        return popen
 
     def _result_file(self, rank: int) -> str:
         return str(result_file(self.job.run_dir, rank))
@@ -263,6 +251,23 @@ class WorkerProcesses(PContext):
             if condition() or time.monotonic() >= deadline:
                 return
             time.sleep(0.02)
+
+
+def spawn_worker(spec: Dict[str, Any], env: Dict[str, str], cwd: str, out_w: int, err_w: int,
+                 status_w: int) -> subprocess.Popen:
+    """One worker as a fresh interpreter (start method spawn) running launcher.worker.bootstrap; it starts with the
+    stop signals blocked and takes them once its rank's code starts: a Ctrl-C to the group during its interpreter's
+    start would print a traceback, and the agent's stop sent before then arrives then."""
+    spec_r, spec_w = os.pipe()
+    with blocked_for_child():
+        popen = subprocess.Popen(
+            [sys.executable, "-u", BOOTSTRAP, "worker", str(spec_r), str(os.getpid())],
+            env=env, cwd=cwd, stdout=out_w, stderr=err_w, pass_fds=(spec_r, status_w), close_fds=True,
+        )
+    os.close(spec_r)
+    with os.fdopen(spec_w, "w") as f:
+        json.dump({"spec": spec, "fds": [1, 2, status_w]}, f)
+    return popen
 
 
 def running_worker_pids() -> list:

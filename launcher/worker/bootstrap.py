@@ -36,6 +36,7 @@ MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("_
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 DONE_AT = 1.0  # launcher.runtime.beats: a heartbeat file's mtime once the rank is finished
 WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a worker holds them until its rank's code starts
 
 
 # ---------------------------------------------------------------- the zygote
@@ -85,12 +86,21 @@ def preload(kind: str) -> None:
 
 
 def ignore_stop_signals() -> None:
-    """The agent decides when workers stop; SLURM's USR2 reaches every process of a job step. The agent started
-    this process with SIGINT, SIGTERM and SIGHUP blocked (launcher.interrupts.blocked_for_child): they were held
-    until now, and once ignored, unblocking them drops what is pending. A worker inherits them ignored."""
+    """The zygote's: the agent decides when workers stop; SLURM's USR2 reaches every process of a job step. The
+    agent started this process with SIGINT, SIGTERM and SIGHUP blocked (launcher.interrupts.blocked_for_child):
+    they were held until now, and once ignored, unblocking them drops what is pending. A worker it forks inherits
+    them ignored, and blocked (forkserver.serve) until take_stop_signals()."""
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def take_stop_signals() -> None:
+    """The rank's code starts, its SIGINT handler set: the stop signals, blocked since the worker's fork (or its
+    interpreter's start), are delivered again, and one the agent sent meanwhile arrives now. Ignored instead, a
+    stop sent in that instant was lost: the agent's one SIGINT, sent as the workers started, left a rank training
+    on (until the agent's SIGKILL, or to its last step, which made a Ctrl-C'd run 'completed', exit 0)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 # ---------------------------------------------------------------- a worker
@@ -130,9 +140,9 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     if spec["kind"] != "trainer" and (beat or spec.get("steps")):  # the built-in trainer beats and measures itself
         watch = here["watch_steps"](spec.get("steps"), beat, here["Loader"]())
     status = os.fdopen(status_fd, "w", buffering=1)
-    # SIGINT stays ignored, as in the zygote, until the rank's code starts (run_user_code, run_trainer, inside
-    # their handling of KeyboardInterrupt) and again once it ended: a Ctrl-C to the group, or the agent's SIGINT
-    # after it, in this file's code would print its frames. The agent stops a rank that missed it.
+    # SIGINT, SIGTERM and SIGHUP stay blocked until the rank's code starts (run_main, run_trainer, inside their
+    # handling of KeyboardInterrupt: take_stop_signals), and SIGINT is ignored again once it ended: in this file's
+    # code Python's handler would print its frames. Blocked, not ignored: the agent's stop waits for the rank.
     if spec["kind"] == "trainer":
         from launcher.worker.trainer import run_trainer
 
@@ -238,6 +248,7 @@ def run_main(kind: str, target: str, args: list) -> None:
         sys.argv = ["-m", *args]
         sys.orig_argv = [sys.executable, "-u", "-m", target, *args]
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see run_user_code)
+        take_stop_signals()
         runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
         return
     from importlib.machinery import SourceFileLoader
@@ -250,6 +261,7 @@ def run_main(kind: str, target: str, args: list) -> None:
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see run_user_code)
+    take_stop_signals()
     exec(code, main.__dict__)
 
 
@@ -329,8 +341,7 @@ def main(role: str, parent: int) -> None:
             sys.stderr.flush()
             os._exit(0)
         parent = os.getppid()
-    else:
-        ignore_stop_signals()  # start method spawn: started with them blocked, as the zygote is
+    else:  # start method spawn: started with the stop signals blocked (blocked_for_child), kept so (become_worker)
         found = fresh_worker(int(sys.argv[2]), parent)
     become_worker(found[0], found[1], parent)
 

@@ -16,6 +16,9 @@ import time
 from collections.abc import Callable  # torch imports it before any fork: a worker holds nothing more
 
 MAX_MESSAGE = 1 << 20
+# Ignored here (bootstrap.ignore_stop_signals), held in a worker from its fork until its rank's code can take them:
+# a stop the agent sends in between arrives then, where ignored it was lost (bootstrap.take_stop_signals).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def serve(preload: Callable[[], None], control_fd: int, parent: int) -> "tuple | None":
@@ -37,10 +40,12 @@ def serve(preload: Callable[[], None], control_fd: int, parent: int) -> "tuple |
             message, fds = receive(sock)
             if message is None:  # the agent is gone or done
                 break
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the child keeps them blocked
             pid = os.fork()
             if pid == 0:
                 sock.close()
                 return message["spec"], fds
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # here: ignored again, any pending one dropped
             for fd in fds:
                 os.close(fd)
             children.add(pid)

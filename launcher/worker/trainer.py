@@ -18,6 +18,8 @@ from launcher.trainers.faults.diskspace import DiskFullError
 from launcher.trainers.faults.stop import STOP
 from launcher.trainers.train import train
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # blocked from the worker's fork (launcher/worker/forkserver.py)
+
 
 def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
     """Train, write this rank's result where the agent reads it, and leave.
@@ -28,6 +30,7 @@ def run_trainer(spec: Dict[str, Any], status: IO[str]) -> NoReturn:
     """
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored until here (launcher.worker.bootstrap)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # and blocked: one sent since the fork arrives now
         result = train(from_dict(spec["config"]), spec["run_dir"])
     except SystemExit as e:
         _exit_now(e.code if isinstance(e.code, int) else (0 if e.code is None else 1), status)
