@@ -196,3 +196,16 @@ def test_roots_run_does_not_write_through_a_link_another_user_planted(tmp_path, 
         assert target.read_bytes() == VICTIM_TEXT
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_an_error_as_a_file_object_is_made_is_the_one_raised(tmp_path):
+    """What failed once the file object existed (here its encoding; in a launch, a Ctrl-C's exception raised just
+    after it was made) is what the caller sees: a second close of its descriptor raised EBADF in its place, and a
+    Ctrl-C as the workers started ended in exit 1 with a traceback."""
+    from launcher.runtime import safefs
+
+    with pytest.raises(LookupError):
+        safefs.open_file(str(tmp_path / "logs" / "rank-0.log"), "w", root=str(tmp_path), encoding="no-such-codec")
+    with safefs.open_file(str(tmp_path / "logs" / "rank-0.log"), "ab", root=str(tmp_path), buffering=0) as f:
+        f.write(b"still opens")
+    assert (tmp_path / "logs" / "rank-0.log").read_bytes() == b"still opens"

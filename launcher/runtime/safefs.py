@@ -92,8 +92,8 @@ def open_dir(path: str, *, root: str, make: bool = False) -> int:
                 except FileExistsError:
                     pass  # made by another rank or node, or a link: the open below tells which
             inner = _open_dir(name, fd, shown)
-            os.close(fd)
-            fd = inner
+            fd, outer = inner, fd  # one step, then the close: a signal raised after it never closes fd twice
+            os.close(outer)
     except BaseException:
         os.close(fd)
         raise
@@ -127,12 +127,14 @@ _FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.
 
 def open_file(path: str, mode: str = "r", *, root: str, **kwargs: Any) -> IO[Any]:
     """open(path, mode, ...) for a path under root ("r", "w", "a", "x", each with "b" or not), through no symlink."""
-    fd = open_fd(path, _FLAGS[mode.replace("b", "")], root=root)
-    try:
-        return os.fdopen(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
+    def opener(_path: str, _flags: int) -> int:
+        return open_fd(path, _FLAGS[mode.replace("b", "")], root=root)
+
+    # The file object owns the descriptor from its creation on. A close of our own after os.fdopen failed closed
+    # it twice where a stop signal was raised just after the file object was made (its deallocation closed it
+    # first): OSError EBADF replaced the signal's exception (a Ctrl-C as the workers started ended in exit 1 and a
+    # traceback), or a descriptor another thread had opened meanwhile was closed.
+    return open(path, mode, opener=opener, **kwargs)
 
 
 def read_bytes(path: str, *, root: str) -> bytes:
