@@ -118,6 +118,43 @@ def test_a_single_node_rendezvous_skips_torchs_first_round_jitter():
         dynamic_rendezvous._delay = original
 
 
+def test_a_signal_inside_the_keep_alive_timers_start_leaves_a_cancel_that_ends_cleanly():
+    """torch's c10d keep-alive timer, with a Ctrl-C raised inside its start() before its thread starts (as one did
+    3 s into a launch): its cancel() at the agent's shutdown raised RuntimeError over the signal; now it ends."""
+    import threading
+    from datetime import timedelta
+    from unittest import mock
+
+    from torch.distributed.elastic.rendezvous.utils import _PeriodicTimer
+
+    from launcher.agent import elastic_fixes
+
+    original = vars(_PeriodicTimer)["_stop_thread"]
+    torchs = vars(_PeriodicTimer).get("_launcher_torch_stop_thread", original)  # where an earlier test applied the fix
+    try:
+        for fixed in (False, True):
+            if fixed:
+                elastic_fixes.apply(nodes=1)
+            else:
+                _PeriodicTimer._stop_thread = torchs
+            timer = _PeriodicTimer(timedelta(seconds=60), lambda: None)
+            with mock.patch.object(threading.Thread, "start", side_effect=KeyboardInterrupt):
+                with pytest.raises(KeyboardInterrupt):
+                    timer.start()
+            if fixed:
+                timer.cancel()
+            else:
+                with pytest.raises(RuntimeError, match="cannot join thread before it is started"):
+                    timer.cancel()
+        started = _PeriodicTimer(timedelta(seconds=60), lambda: None)  # a started timer still stops and joins
+        started.start()
+        thread = started._thread
+        started.cancel()
+        assert not thread.is_alive()
+    finally:
+        _PeriodicTimer._stop_thread = original
+
+
 def test_nccl_jobs_get_the_flight_recorder_while_the_watchdog_is_on():
     gpu = Hardware(cuda_devices=2, cpu_cores=16)
     env = plan_for(["gpus=2"], gpu).worker_env
