@@ -32,6 +32,8 @@ def check_override(item: str) -> Tuple[str, str]:
         raise ConfigError(f"override {key}=...: the key has an empty part (a '.' at its start or end, or '..'): "
                           f"write it like trainer.steps=50")
     check_override_value(key, value)
+    if key == "run_id" and _has_control_characters(value.strip()):  # the text YAML keeps: a plain scalar loses its outer blanks
+        check_run_id(value.strip())  # said here: the YAML reader of omegaconf 2.3 (Hydra's pin) fails on a tab, "not valid YAML"
     load_yaml(value, f"override {key}=...: the value", fix=None)  # its limits; OmegaConf reads it (load_config)
     return key, value
 
@@ -139,6 +141,10 @@ def check_no_tilde(value: Any, name: str) -> None:
                           f"write {name}=$HOME{value[1:]}{flag}")
 
 
+def _has_control_characters(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def check_run_id(run_id: str) -> None:
     """A run id is one directory name: no path, no control characters, not too long."""
     if run_id in ("", ".", "..") or "/" in run_id or "\\" in run_id:
@@ -147,7 +153,7 @@ def check_run_id(run_id: str) -> None:
     if not is_utf8(run_id):
         raise ConfigError(f"run_id={_shown(run_id)!r} holds bytes that are not UTF-8 text: "
                           "use letters, digits, '-', '_' or '.'")
-    if any(ord(c) < 32 or ord(c) == 127 for c in run_id):
+    if _has_control_characters(run_id):
         raise ConfigError(f"run_id={run_id!r} holds control characters: use letters, digits, '-', '_' or '.'")
     size = len(run_id.encode("utf-8"))
     if size > RUN_ID_MAX_BYTES:
