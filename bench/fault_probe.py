@@ -110,9 +110,15 @@ def recomputed(s: Dict[str, Any]) -> str:
     return f"{s.get('resumed_from_step')} resumed; {lost:.1f}s recomputed" if lost is not None else "-"
 
 
+def zygote(job: Job) -> psutil.Process:
+    """The launcher's child that its workers fork from (forked at its start: launcher.prestart)."""
+    return next(p for p in job.descendants() if p.ppid() == job.proc.pid and p.children()
+                and any(part.endswith("bootstrap.py") for part in p.cmdline()))
+
+
 def worker_sigkill(job: Job) -> Dict[str, Any]:
     job.wait_for(job.checkpointed, "checkpoint")
-    worker = next(p for p in job.descendants() if "zygote" in p.cmdline() and p.ppid() != job.proc.pid)
+    worker = zygote(job).children()[0]
     worker.kill()
     code, s = job.finish(), summary(job.run_dir)
     return {"survived": code == 0 and s.get("steps") == STEPS, "exit": code, "lost": recomputed(s)}
@@ -120,7 +126,7 @@ def worker_sigkill(job: Job) -> Dict[str, Any]:
 
 def zygote_sigkill(job: Job) -> Dict[str, Any]:
     job.wait_for(job.checkpointed, "checkpoint")
-    next(p for p in job.descendants() if p.ppid() == job.proc.pid and "zygote" in p.cmdline()).kill()
+    zygote(job).kill()
     code, s = job.finish(), summary(job.run_dir)
     return {"survived": code == 0 and s.get("steps") == STEPS, "exit": code, "lost": recomputed(s)}
 

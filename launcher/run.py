@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional, Tuple
 
+from launcher import prestart
 from launcher.backends import registry
 from launcher.backends.slurm.environment import adopt_allocation
 from launcher.clock import process_start_time
@@ -31,6 +32,8 @@ def run(args: argparse.Namespace, overrides: List[str], script: Optional[Tuple[s
     wait = getattr(args, "wait", False)
     if wait and not backend.submits:
         raise ConfigError("--wait follows a submitted job: add --cluster slurm or --cluster ray (a local run always waits)")
+    if backend.submits:
+        prestart.drop()  # a job for SLURM or Ray starts no worker here: a zygote forked at our start ends now
     if args.dry_run:
         print(backend.dry_run(cfg), end="")
         return 0

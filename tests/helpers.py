@@ -102,11 +102,13 @@ def worker_processes(pid: int) -> List[psutil.Process]:
         return []
     for child in children:
         try:
-            # a child with the launcher's own command line is forked and not yet exec'ed: the `git` on its way
-            # (counted as a third worker once, tests/test_watchdog.py under load)
-            if not child.name().startswith("python") or child.cmdline() == own:
+            # a child with the launcher's own command line is forked and not yet exec'ed: the zygote forked at the
+            # launcher's start (launcher.prestart), or the `git` on its way (counted as a third worker once,
+            # tests/test_watchdog.py under load), which has no children
+            if not child.name().startswith("python"):
                 continue
-            found.extend(([] if "zygote" in child.cmdline() else [child]) + child.children(recursive=True))
+            zygote = "zygote" in child.cmdline() or child.cmdline() == own
+            found.extend(([] if zygote else [child]) + child.children(recursive=True))
         except psutil.NoSuchProcess:
             continue
     return found

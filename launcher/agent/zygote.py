@@ -16,17 +16,18 @@ import atexit
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher import prestart
 from launcher.errors import LaunchError
 from launcher.interrupts import blocked_for_child
 
-BOOTSTRAP = str(Path(__file__).resolve().parents[1] / "worker" / "bootstrap.py")
+BOOTSTRAP = prestart.BOOTSTRAP
 READY_TIMEOUT_S = 300.0  # importing torch on a loaded machine can take a while; a broken install fails fast
 
 
@@ -54,11 +55,26 @@ class Zygote:
 
     @classmethod
     def start(cls, kind: str, env: Optional[Dict[str, str]] = None) -> "Zygote":
-        """Start this process's zygote (once); it imports while the caller goes on."""
+        """Start this process's zygote (once), or take the one forked at the launcher's start (launcher.prestart);
+        it imports while the caller goes on."""
         if cls._current is None or cls._current.proc.poll() is not None:
-            cls._current = Zygote(kind, dict(os.environ if env is None else env))
+            forked = prestart.take(kind)
+            cls._current = cls.told(kind, *forked) if forked else Zygote(kind, dict(os.environ if env is None else env))
             atexit.register(cls._current.stop)
         return cls._current
+
+    @classmethod
+    def told(cls, kind: str, pid: int, fd: int) -> "Zygote":
+        """The zygote launcher/worker/bootstrap.py forked before this launcher knew its job, told the job's kind now.
+        Its environment is the launcher's first one: what it read at torch's import. Each worker gets its own."""
+        zygote = cls.__new__(cls)
+        zygote.kind, zygote.proc, zygote.sock = kind, ForkedChild(pid), socket.socket(fileno=fd)
+        zygote.ready, zygote.exits, zygote._next_id = False, {}, 0
+        try:
+            zygote.sock.send(json.dumps({"kind": kind}).encode())
+        except OSError:
+            pass  # it is gone: wait_ready says so
+        return zygote
 
     @classmethod
     def current(cls) -> Optional["Zygote"]:
@@ -131,6 +147,43 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+
+
+class ForkedChild:
+    """The part of subprocess.Popen the agent uses, for a child this process forked (the prestarted zygote)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._reap(os.WNOHANG) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return int(self.returncode or 0)
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _reap(self, flags: int) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 def die_with_parent(parent: int) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
-from launcher import interrupts
+from launcher import interrupts, prestart
 from launcher.agent.zygote import Zygote
 from launcher.backends import registry
 from launcher.backends.base import KIND_BY_MODE, RunsHere
@@ -54,6 +54,8 @@ def launch(cfg: Config, dry_run: bool, started: float,
     mode = launch_mode(cfg)
     if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
         Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
+    else:
+        prestart.drop()  # one forked at our start (launcher.prestart) that this launch has no use for
     staging = runrecord.Staging(cfg.output_dir, make=not dry_run)  # output_dir=s3://...: a private local folder
     try:
         return _launch(cfg, mode, dry_run, started, continuing, staging)
@@ -73,7 +75,7 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
     backend.check_before_start(plan)
     check_can_create(top or cfg.output_dir)
     with collector_paused():  # torch's import: see launcher.warmstart
-        backend.runner_module()  # only now: bad input above is refused before torch loads (tests/test_bad_input.py)
+        backend.runner_module()  # only now: bad input above is refused before the agent loads (and torch, unless prestart)
     session = backend.meet(plan)  # the nodes of a multi-node job: they agree before any touches the run directory
     if continuing is None:
         check_not_a_finished_run(plan)

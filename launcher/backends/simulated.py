@@ -22,7 +22,7 @@ from launcher import interrupts
 from launcher.agent.watchdog import nodes_verdict
 from launcher.backends.addresses import free_port
 from launcher.agent.stores import listening_store
-from launcher.backends.children import launcher_module_command
+from launcher.backends.children import node_command
 from launcher.config.rendezvous import split_endpoint
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
@@ -85,7 +85,7 @@ class NodeSupervisor:
 
     def _start(self, k: int) -> subprocess.Popen:
         proc = subprocess.Popen(
-            launcher_module_command("launcher.backends.node", self.plan.run_dir, str(k), str(os.getpid())),
+            node_command("launcher.backends.node", self.plan.start_method, self.plan.run_dir, str(k), str(os.getpid())),
             stdin=subprocess.PIPE, env=dict(os.environ), text=True, start_new_session=True,  # own group: we decide its stop
         )
         assert proc.stdin is not None

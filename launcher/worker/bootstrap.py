@@ -5,6 +5,8 @@ Run as a program, never imported by the launcher (a worker must not find the pro
 
     python -u launcher/worker/bootstrap.py zygote KIND PARENT_PID FD  # serve fork requests on socket FD
     python -u launcher/worker/bootstrap.py worker SPEC_FD PARENT_PID  # one fresh worker (start method spawn)
+    python -u launcher/worker/bootstrap.py -m launcher ARGS  # the launcher, its zygote forked first (launcher())
+    (and `--path SCRIPT ARGS`, `node MODULE ARGS` the same way: launcher.prestart)
 
 The zygote is a fresh, single-threaded interpreter that imports what workers need (``torch``
 for scripts; the built-in trainer's modules for ``KIND=trainer``), then forks one worker per
@@ -16,9 +18,8 @@ script like one torchrun started with ``python -u script.py``: the same ``sys.ar
 streams (stdout and stderr apart), and its traceback shows no frame of this file, nor does a Ctrl-C
 at any moment of it (run_user_code).
 
-Worker <-> agent: the worker's stdout and stderr are pipes the agent reads (launcher.agent.streams);
-a third pipe, the status pipe, carries one line when the script has returned: ``done CODE``.
-The agent uses it to tell a finished rank whose interpreter hangs at exit from a working one.
+Worker <-> agent: stdout and stderr are pipes the agent reads (launcher.agent.streams); a third, the status
+pipe, carries ``done CODE`` once the script has returned: a finished rank hanging at exit is no working one.
 """
 
 import sys
@@ -45,11 +46,18 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a worker holds 
 def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     """Set up, then serve fork requests (launcher/worker/forkserver.py). Returns only in a worker."""
     # Not killed with its parent (no PR_SET_PDEATHSIG): when the agent dies, even by SIGKILL, the zygote sees its
-    # socket close (or its parent change) and kills every process it holds first, the workers' own children and
-    # grandchildren included, which as the subreaper it adopts once their parents are gone. Killed with the
-    # agent, it left them to init.
+    # socket close (or its parent change) and kills every process it holds first, the workers' children included
+    # (as the subreaper it adopts them once their parents are gone). Killed with the agent, it left them to init.
     if os.getppid() != parent:
         os._exit(1)  # the agent died before this process started
+    return serve_forks(kind, parent, control_fd)
+
+
+def serve_forks(kind: "str | None", parent: int, control_fd: int, guess: str = "script") -> "tuple | None":
+    """The zygote's life (kind None: told by the agent's first message; until then it dies with the launcher, having
+    nothing to clean up: a Ctrl-C'd launcher exits at once, its zygote importing for a guess). Returns in a worker."""
+    if kind is None:
+        die_with_parent(parent)
     _set_prctl(PR_SET_CHILD_SUBREAPER, 1)
     ignore_stop_signals()
     from importlib.machinery import SourceFileLoader  # loaded at every interpreter's start already
@@ -57,15 +65,53 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     server = types.ModuleType("launcher_forkserver")  # never in sys.modules: a worker holds nothing of the project
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
     SourceFileLoader(server.__name__, path).exec_module(server)
-    return server.serve(lambda: preload(kind), control_fd, parent)
+    found = server.serve(preload, control_fd, parent, kind, guess)
+    if found is None:  # its agent is done: nothing to flush but the streams, no teardown of torch's modules (0.4 CPU-s)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return found
+
+
+def launcher(role: str, target: str, args: list) -> "tuple":
+    """`-m launcher ARGS` (launcher.prestart execs `python -m launcher` into it), `--path SCRIPT ARGS` (the `launcher`
+    command), `node MODULE ARGS` (a simulated node): import torch, fork the zygote (until then, this is a fresh zygote
+    that has imported torch), run the launcher here (launcher.prestart). Returns only in a worker."""
+    import gc
+
+    gc.disable()  # as preload()
+    zygote, theirs_too = None, [fd for fd in map(int, os.listdir("/proc/self/fd"))  # less the listing's, closed since
+                                if fd > 2 and os.path.exists(f"/proc/self/fd/{fd}")]
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001  (a broken install: the launcher names it, as it would have)
+        pass
+    else:  # no script named: the built-in trainer, whose imports the zygote makes while the launcher reads its config
+        guess = "script" if role == "node" or any(a in ("-m", "--module", "--") or a.endswith(".py") for a in args) \
+            else "trainer"  # (a node's job comes on stdin: torch's share only, until told)
+        ours, theirs, me = *socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.getpid()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the zygote ignores them before it unblocks
+        pid = os.fork()
+        if pid == 0:  # what the launcher got from its parent is not the zygote's (Popen's close_fds, as before)
+            for fd in [ours.detach(), *theirs_too]:
+                os.close(fd)
+            return serve_forks(None, me, theirs.detach(), guess)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # the launcher's: still blocked (launcher.prestart)
+        theirs.close()
+        zygote = (pid, ours.detach(), guess)
+    gc.enable()
+    if role != "node" and not sys.flags.safe_path:  # what `python -m` and `python SCRIPT` put first; a node: nothing
+        sys.path.insert(0, os.getcwd() if role == "-m" else os.path.dirname(os.path.realpath(target)))
+    global LAUNCHER_RUNS
+    LAUNCHER_RUNS = True
+    __import__("launcher.prestart").prestart.run(role, target, args, zygote)
+    sys.exit(0)  # the launcher's module returned: `python -m` exits 0 then
 
 
 def preload(kind: str) -> None:
-    """Imports only: no tensor, no thread pool, no CUDA before the fork.
-
-    Every import in here, and in become_worker, is inside the function on purpose: a script's
-    worker must hold nothing of this project or of torch beyond what the script imports itself
-    under torchrun (tests/test_fidelity.py), so only the built-in trainer's branch loads them.
+    """Imports only: no tensor, no thread pool, no CUDA before the fork. Every import in here, and in become_worker,
+    is inside the function on purpose: a script's worker must hold nothing of this project or of torch beyond what
+    the script imports itself under torchrun (tests/test_fidelity.py); only the built-in trainer's branch loads them.
     """
     import gc
 
@@ -86,10 +132,9 @@ def preload(kind: str) -> None:
 
 
 def ignore_stop_signals() -> None:
-    """The zygote's: the agent decides when workers stop; SLURM's USR2 reaches every process of a job step. The
-    agent started this process with SIGINT, SIGTERM and SIGHUP blocked (launcher.interrupts.blocked_for_child):
-    they were held until now, and once ignored, unblocking them drops what is pending. A worker it forks inherits
-    them ignored, and blocked (forkserver.serve) until take_stop_signals()."""
+    """The zygote's: the agent decides when workers stop; SLURM's USR2 reaches every process of a job step. This
+    process started (or was forked) with SIGINT, SIGTERM and SIGHUP blocked: held until now, and once ignored,
+    unblocking drops what is pending. A worker inherits them ignored, and blocked until take_stop_signals()."""
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -157,9 +202,8 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
             pass
     status.write(f"done {code}\n")
     status.close()
-    # The interpreter's normal exit, as under torchrun: atexit handlers, flushed files, and Python's Ctrl-C, whose
-    # traceback (if one lands there) names threading or an atexit handler. One in the instant before the exit
-    # starts is this file's: __main__ ends the process quietly then.
+    # The interpreter's normal exit, as under torchrun: atexit handlers, flushed files, and Python's Ctrl-C (its
+    # traceback names threading or an atexit handler). One in the instant before is this file's: __main__ is quiet.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(code)
 
@@ -167,14 +211,11 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
 def fresh_random_state() -> None:
     """Seeds from the OS, as a fresh interpreter's (each of torchrun's workers is one), for every generator a fork shares.
 
-    A forked worker starts with the zygote's generator states: without this, every rank of a node draws the
-    same ``torch.rand``, dropout masks and shuffles. Each is seeded the way its own import seeds it:
-    - torch's default CPU generator, from the OS (what ``import torch`` does: a non-deterministic seed, so
-      ``torch.initial_seed()`` differs per rank as under torchrun). CUDA's generators are left alone: the zygote
-      never initialises CUDA, so a worker creates them on first use, seeded as in any fresh process;
-    - Python's ``random``, from the OS (it also reseeds itself after a fork, through os.register_at_fork);
-    - NumPy's global generator, from the OS, where numpy.random was imported (torch does not import it).
-    A script that seeds them itself gets exactly its seeds: this runs before its first line.
+    A forked worker starts with the zygote's generator states: without this, every rank of a node draws the same
+    ``torch.rand``, dropout masks and shuffles. Each is seeded as its own import seeds it, from the OS: torch's CPU
+    generator (so ``torch.initial_seed()`` differs per rank as under torchrun; CUDA's are made on first use, the
+    zygote never touched CUDA), Python's ``random`` (which also reseeds at fork), NumPy's global one where
+    numpy.random was imported. A script that seeds them itself gets its seeds: this runs before its first line.
     """
     import random
 
@@ -333,21 +374,23 @@ def fresh_worker(spec_fd: int, parent: int) -> "tuple":
     return message["spec"], message["fds"]
 
 
-def main(role: str, parent: int) -> None:
-    if role == "zygote":
-        found = zygote(sys.argv[2], parent, int(sys.argv[4]))
-        if found is None:  # its agent is done: nothing of it to flush, and no teardown of torch's modules
-            sys.stdout.flush()  # (about 0.4 CPU-s, which its agent waits through)
-            sys.stderr.flush()
-            os._exit(0)
-        parent = os.getppid()
+def main(argv: list) -> None:
+    role = argv[0]
+    if role in ("-m", "node", "--path"):  # launcher.prestart.LAUNCHER_ROLES
+        found = launcher(role, argv[1], argv[2:])
+    elif role == "zygote":
+        found = zygote(argv[1], int(argv[2]), int(argv[3]))
     else:  # start method spawn: started with the stop signals blocked (blocked_for_child), kept so (become_worker)
-        found = fresh_worker(int(sys.argv[2]), parent)
-    become_worker(found[0], found[1], parent)
+        found = fresh_worker(int(argv[1]), int(argv[2]))
+    become_worker(found[0], found[1], os.getppid() if role != "worker" else int(argv[2]))
 
+
+LAUNCHER_RUNS = False  # the launcher's own code runs in this process: its exceptions are its own
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1], int(sys.argv[3]))
+        main(sys.argv[1:])
     except KeyboardInterrupt:  # in the instant between become_worker giving Ctrl-C back to Python and its exit
+        if LAUNCHER_RUNS:
+            raise
         os._exit(128 + signal.SIGINT)  # quietly: its traceback would be this file's

@@ -1,0 +1,161 @@
+"""One torch import for the launcher and its zygote (launcher/prestart.py): which commands exec into
+launcher/worker/bootstrap.py, and what a user could see of it: workers as before, nothing left behind,
+no inherited file kept open, a Ctrl-C during the shared import ended in one line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from launcher import cli, prestart
+from tests.helpers import NO_WANDB, QUIET, catches, communicate_bounded, group_processes, kill_group, launcher_env, \
+    wait_gone
+
+pytestmark = pytest.mark.timeout(240)
+
+MODULES = """
+import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+fds = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        fds.append(os.readlink("/proc/self/fd/" + fd))
+    except OSError:  # the listing's own
+        pass
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen-%s-%s.json" % (sys.argv[1], os.environ["RANK"])), "w") as f:
+    json.dump({"modules": sorted(sys.modules), "fds": sorted(fds)}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_the_subcommands_that_never_start_workers_here_are_the_clis_less_resume():
+    assert prestart.NOT_LAUNCHES == set(cli.COMMANDS) - {"resume"}
+
+
+@pytest.mark.parametrize("args, forks", [
+    ([], True),  # the built-in job on built-in defaults
+    (["--gpus", "2", "train.py", "--lr", "1"], True),
+    (["-m", "pkg.train"], True),
+    (["resume", "launcher_runs/x"], True),
+    (["--nodes", "2", "--node-rank", "1", "--master-addr", "h"], True),  # one machine of several: its own workers
+    (["--nnodes=2", "--rdzv-endpoint", "h:29400", "t.py"], True),
+    (["ls"], False), (["board"], False), (["lss"], False),  # a subcommand, or a typo of one
+    (["--help"], False), (["t.py", "--dry-run"], False), (["--version"], False), (["--show-config"], False),
+    (["--nodes", "2"], False), (["--nodes=1:3"], False), (["nodes=2"], False),  # a simulated job's coordinator
+    (["--cluster", "slurm"], False), (["--cluster=ray"], False), (["launcher.start_method=spawn"], False),
+])
+def test_which_commands_fork_the_zygote_at_the_start(args, forks):
+    assert prestart.worth_forking(args) is forks
+
+
+def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
+    """The launcher process is exec'd into the bootstrap (same pid), its zygote is its child with its command line,
+    the workers are the zygote's children; when it exits, nothing of it is left."""
+    (tmp_path / "wait.py").write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
+                             *NO_WANDB, "wait.py"], cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        workers = []
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            workers = [p for c in psutil.Process(proc.pid).children() for p in c.children()
+                       if c.cmdline() == psutil.Process(proc.pid).cmdline()]
+        launcher = psutil.Process(proc.pid).cmdline()
+        assert launcher[1:5] == ["-u", prestart.BOOTSTRAP, "-m", "launcher"], launcher
+        assert len(workers) == 2, "the workers are the children of the launcher's child with its command line"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = communicate_bounded(proc, 60)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert group_processes(proc.pid) == [], "the launcher's exit left its zygote or a worker running"
+    finally:
+        kill_group(proc)
+
+
+def test_a_scripts_workers_hold_the_same_modules_however_the_script_is_named(tmp_path):
+    """Named on the command line, the zygote imports torch only; named in a config file, the command looks like the
+    built-in trainer's, so the zygote forked at the start imports the trainer meanwhile: that one is dropped for a
+    fresh one, and the script's workers hold exactly the same modules either way. No worker holds a file the
+    launcher got from its parent (one kept open here, as a caller's pipe)."""
+    (tmp_path / "modules.py").write_text(MODULES)
+    (tmp_path / "job.yaml").write_text("script:\n  path: modules.py\n  args: [config]\n")
+    read_end, write_end = os.pipe()
+    try:
+        inherited = os.readlink(f"/proc/self/fd/{write_end}")
+        for argv in (["modules.py", "cli"], ["--config", str(tmp_path / "job.yaml")]):
+            proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
+                                     *NO_WANDB, *argv], cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True, pass_fds=(write_end,))
+            err = communicate_bounded(proc, 180)[1]
+            assert proc.returncode == 0, err
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    seen = {(how, rank): json.loads((tmp_path / f"seen-{how}-{rank}.json").read_text())
+            for how in ("cli", "config") for rank in (0, 1)}
+    assert seen["cli", 0]["modules"] == seen["config", 0]["modules"] == seen["config", 1]["modules"]
+    assert not [m for m in seen["config", 0]["modules"] if m.startswith(("launcher", "torch._dynamo"))]
+    assert all(inherited not in s["fds"] for s in seen.values()), "a worker holds the launcher's caller's pipe"
+
+
+def test_a_bad_value_leaves_no_zygote_behind(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
+                             "model.hiden=64"], cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = communicate_bounded(proc, 60)
+        assert proc.returncode == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+        assert group_processes(proc.pid) == [], "the zygote forked at the start outlived the refusal"
+        assert not (tmp_path / "runs").exists()
+    finally:
+        kill_group(proc)
+
+
+def test_a_ctrl_c_during_the_shared_import_ends_the_launch_in_one_line(tmp_path):
+    """Between the exec and the launcher's first line the stop signals are held: the Ctrl-C comes through once the
+    launcher can take it, as one line and exit 130, no traceback, nothing on disk, its zygote gone with it."""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", f"output_dir={tmp_path / 'runs'}", *QUIET],
+                            cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if prestart.BOOTSTRAP in psutil.Process(proc.pid).cmdline():
+                    break
+            except psutil.Error:
+                pass
+            time.sleep(0.005)
+        assert not catches(proc.pid, signal.SIGHUP), "the launcher's own first line ran already: no window to test"
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = communicate_bounded(proc, 60)
+        assert proc.returncode == 130, err
+        assert err.strip() == "interrupted" and "Traceback" not in out + err, err
+        assert not (tmp_path / "runs").exists()
+        assert wait_gone(group_processes(proc.pid), 5) == [], "its zygote outlived it"
+    finally:
+        kill_group(proc)
+
+
+def test_the_launcher_command_starts_the_same_way(tmp_path):
+    """The `launcher` console script (setup.cfg) execs too: a worker's parent, the zygote, has its command line."""
+    command = os.path.join(os.path.dirname(sys.executable), "launcher")
+    if not os.path.exists(command):
+        pytest.skip("the package is not installed with its console script here (tests/run.sh installs it)")
+    (tmp_path / "parent.py").write_text("import os\nopen('parent-%s' % os.environ['RANK'], 'wb').write("
+                                        "open('/proc/%d/cmdline' % os.getppid(), 'rb').read())\n")
+    run = subprocess.run([command, "--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "parent.py"],
+                         cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "parent-0").read_bytes().split(b"\0")[2:5] == [prestart.BOOTSTRAP.encode(), b"--path",
+                                                                        command.encode()]
+    bad = subprocess.run([command, "--gpus", "x"], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr, bad.stderr
