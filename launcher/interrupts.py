@@ -152,6 +152,26 @@ def _handle_with(handler: Callable[[int, object], None]) -> int | None:
     return caught
 
 
+def start_thread(thread: threading.Thread) -> None:  # noqa: F821  (imported inside: not before the hold)
+    """thread.start() with a stop signal kept over it, then raised. One raised inside start() (torch's agent handler
+    raises SignalException, an Exception) made threading undo its record of the thread, which had started: a
+    KeyError traceback from the new thread ("Exception ignored in thread started by"), beside the one-line stop."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        thread.start()
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in HELD}
+    try:
+        thread.start()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if caught:
+            signal.raise_signal(caught[0])  # to the handler before, now that the thread is whole
+
+
 @contextlib.contextmanager
 def blocked_for_child() -> Iterator[None]:
     """A child started inside begins with the stop signals blocked (it unblocks them once it has set its

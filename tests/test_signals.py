@@ -83,3 +83,35 @@ def test_a_stuck_worker_cannot_hold_up_the_stop(tmp_path):
     run_dir = only_run_dir(tmp_path)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000005", "step-00000010"]  # nothing half-written
     assert "no clean stop within 3s of SIGTERM" in (run_dir / "logs" / "rank-1.log").read_text()
+
+
+def test_a_stop_signal_while_a_launcher_thread_starts_reaches_its_handler_after_the_start():
+    """launcher.interrupts.start_thread: a stop signal that comes as the thread starts is kept over start() and then
+    raised to the handler before (torch's agent handler raises in there: threading then lost track of the thread)."""
+    import threading
+
+    from launcher.interrupts import start_thread
+
+    seen = []
+    started = threading.Event()
+
+    def handler(signum, _frame):
+        seen.append((signum, thread.is_alive(), thread in threading.enumerate()))
+
+    def run():
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the main thread is inside start()
+        started.wait(10)
+
+    thread = threading.Thread(target=run, daemon=True)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        start_thread(thread)
+        for _ in range(100):
+            if seen:
+                break
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        started.set()
+        thread.join(10)
+    assert seen == [(signal.SIGTERM, True, True)]

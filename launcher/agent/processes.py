@@ -32,7 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from launcher.agent.failures import readable_error_file
 from launcher.agent.streams import OutputRouter, console_streams
 from launcher.agent.zygote import BOOTSTRAP, Zygote
-from launcher.interrupts import blocked_for_child
+from launcher.interrupts import blocked_for_child, start_thread
 from launcher.runtime import safefs
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 from launcher.runtime.env import ATTEMPT
@@ -131,7 +131,7 @@ class WorkerProcesses(PContext):
             shown = console_streams(self.job.redirects, self.job.ranks_filter, local_rank)
             self.router.add(rank, out_r, err_r, status_r, self.stdouts[local_rank], shown)
             self.workers[local_rank] = _Worker(local_rank, rank, pid, popen)
-        self.router.start()
+        start_thread(self.router)  # a Ctrl-C right now: after it has started
         WorkerProcesses.latest = self
 
     def _spec(self, local_rank: int, rank: int, env: Dict[str, str], attempt: int) -> Dict[str, Any]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+from launcher import interrupts
+
 
 @contextlib.contextmanager
 def watched_by(watcher: Any, error: Callable[[str], BaseException], join_s: float) -> Iterator[Any]:
-    watcher.start()
+    interrupts.start_thread(watcher)
     try:
         yield watcher
     except BaseException as e:
