@@ -11,7 +11,10 @@ from launcher import interrupts
 from launcher.commands import catalog
 from launcher.config import torchrun_flags
 from launcher.errors import ConfigError
-from launcher.run import run
+from launcher.backends import registry
+from launcher.backends.slurm.environment import adopt_allocation
+from launcher.config.rendezvous import launch_mode
+from launcher.run import resolve_config, run
 from launcher.usage import config_overrides, parse_args, script_spec, value_flags, with_error_contract
 
 # Subcommands: `python -m launcher NAME ...` calls MODULE.main(argv) -> exit code.
@@ -53,6 +56,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run(args, config_overrides(args), script_spec(args, script))
 
     return with_error_contract(launch)
+
+
+def zygote_kind(argv: List[str]) -> Optional[str]:
+    """The workers' kind ("trainer" or "script") where argv is a valid launch whose workers fork here; None otherwise
+    (a subcommand, bad input, --dry-run, a SLURM or Ray job, start method spawn, a simulated job's coordinator).
+    launcher.prestart asks it first, quietly, to decide whether to exec; main() then does it all again for real."""
+    if argv and (argv[0] in COMMANDS or catalog.mistyped(argv[0], COMMANDS)):
+        return None
+    argv = torchrun_flags.launcher_argv(argv, value_flags(), note=lambda line: None)
+    args, script = parse_args(argv, lambda: catalog.command_list(COMMANDS))
+    if args.show_config or args.dry_run:
+        return None
+    cfg = adopt_allocation(resolve_config(args, config_overrides(args), script_spec(args, script)))
+    if registry.for_config(cfg).submits or cfg.launcher.start_method == "spawn" or launch_mode(cfg) == "simulated":
+        return None
+    return "trainer" if cfg.script.path is None else "script"
 
 
 def run_command(name: str, argv: List[str]) -> int:

@@ -86,11 +86,14 @@ def test_elastic_with_a_static_rendezvous_is_refused_in_one_line(tmp_path):
 
 
 def _node_agent_of(pid: int) -> psutil.Process:
-    """The simulated node agent (python -m launcher.backends.node) a worker runs under."""
-    proc = psutil.Process(pid)
+    """The simulated node agent (launcher.backends.node) a worker runs under: the highest process above it with that
+    command line, as its zygote, between the two, has it too (forked from the node: launcher.prestart)."""
+    proc, found = psutil.Process(pid), None
     while proc is not None:
         if "launcher.backends.node" in " ".join(proc.cmdline()):
-            return proc
+            found = proc
+        elif found is not None:
+            return found
         proc = proc.parent()
     raise AssertionError(f"no node agent above pid {pid}")
 

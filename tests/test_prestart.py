@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from launcher import cli, prestart
+from launcher.errors import ConfigError
 from tests.helpers import NO_WANDB, QUIET, catches, communicate_bounded, group_processes, kill_group, launcher_env, \
     wait_gone
 
@@ -34,24 +35,28 @@ dist.destroy_process_group()
 """
 
 
-def test_the_subcommands_that_never_start_workers_here_are_the_clis_less_resume():
-    assert prestart.NOT_LAUNCHES == set(cli.COMMANDS) - {"resume"}
-
-
-@pytest.mark.parametrize("args, forks", [
-    ([], True),  # the built-in job on built-in defaults
-    (["--gpus", "2", "train.py", "--lr", "1"], True),
-    (["-m", "pkg.train"], True),
-    (["resume", "launcher_runs/x"], True),
-    (["--nodes", "2", "--node-rank", "1", "--master-addr", "h"], True),  # one machine of several: its own workers
-    (["--nnodes=2", "--rdzv-endpoint", "h:29400", "t.py"], True),
-    (["ls"], False), (["board"], False), (["lss"], False),  # a subcommand, or a typo of one
-    (["--help"], False), (["t.py", "--dry-run"], False), (["--version"], False), (["--show-config"], False),
-    (["--nodes", "2"], False), (["--nodes=1:3"], False), (["nodes=2"], False),  # a simulated job's coordinator
-    (["--cluster", "slurm"], False), (["--cluster=ray"], False), (["launcher.start_method=spawn"], False),
+@pytest.mark.parametrize("args, kind", [
+    ([], "trainer"),  # the built-in job on built-in defaults
+    (["--gpus", "2", "t.py", "--lr", "1"], "script"),
+    (["-m", "json.tool"], "script"),
+    (["--config", "job.yaml"], "script"),  # the script named in a config file
+    (["--nodes", "2", "--node-rank", "1", "--master-addr", "h"], "trainer"),  # one machine of several: its own workers
+    (["ls"], None), (["resume", "x"], None), (["lss"], None),  # a subcommand, or a typo of one
+    (["--dry-run", "t.py"], None), (["--show-config"], None), (["t.py", "--dry-run"], "script"),  # its own flag
+    (["--nodes", "2"], None), (["--nodes=1:3"], None),  # a simulated job's coordinator starts no worker itself
+    (["--cluster", "slurm"], None), (["launcher.start_method=spawn", "t.py"], None),
 ])
-def test_which_commands_fork_the_zygote_at_the_start(args, forks):
-    assert prestart.worth_forking(args) is forks
+def test_which_launches_fork_their_zygote_at_the_start_and_for_what(tmp_path, monkeypatch, args, kind):
+    """launcher.cli.zygote_kind, which launcher.prestart asks before it execs: the real parsing and config."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    (tmp_path / "job.yaml").write_text("script:\n  path: t.py\n")
+    assert cli.zygote_kind(args) == kind
+
+
+def test_bad_input_is_not_a_launch_to_fork_for():
+    with pytest.raises((SystemExit, ConfigError)):  # exec_with_zygote then leaves it to the launcher, torch unloaded
+        cli.zygote_kind(["model.hiden=64"])
 
 
 def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
@@ -69,7 +74,7 @@ def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
             workers = [p for c in psutil.Process(proc.pid).children() for p in c.children()
                        if c.cmdline() == psutil.Process(proc.pid).cmdline()]
         launcher = psutil.Process(proc.pid).cmdline()
-        assert launcher[1:5] == ["-u", prestart.BOOTSTRAP, "-m", "launcher"], launcher
+        assert launcher[1:6] == ["-u", prestart.BOOTSTRAP, "script", "-m", "launcher"], launcher
         assert len(workers) == 2, "the workers are the children of the launcher's child with its command line"
         os.kill(proc.pid, signal.SIGTERM)
         out, err = communicate_bounded(proc, 60)
@@ -80,10 +85,9 @@ def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
 
 
 def test_a_scripts_workers_hold_the_same_modules_however_the_script_is_named(tmp_path):
-    """Named on the command line, the zygote imports torch only; named in a config file, the command looks like the
-    built-in trainer's, so the zygote forked at the start imports the trainer meanwhile: that one is dropped for a
-    fresh one, and the script's workers hold exactly the same modules either way. No worker holds a file the
-    launcher got from its parent (one kept open here, as a caller's pipe)."""
+    """Named on the command line or in a config file, the script's workers hold exactly the same modules (the zygote
+    forked at the start imports for the kind the config names). No worker holds a file the launcher got from its
+    parent (one kept open here, as a caller's pipe)."""
     (tmp_path / "modules.py").write_text(MODULES)
     (tmp_path / "job.yaml").write_text("script:\n  path: modules.py\n  args: [config]\n")
     read_end, write_end = os.pipe()
@@ -154,8 +158,28 @@ def test_the_launcher_command_starts_the_same_way(tmp_path):
     run = subprocess.run([command, "--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "parent.py"],
                          cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "parent-0").read_bytes().split(b"\0")[2:5] == [prestart.BOOTSTRAP.encode(), b"--path",
+    assert (tmp_path / "parent-0").read_bytes().split(b"\0")[2:6] == [prestart.BOOTSTRAP.encode(), b"script", b"--path",
                                                                         command.encode()]
     bad = subprocess.run([command, "--gpus", "x"], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_a_zygote_forked_for_another_kind_is_not_taken_and_is_killed():
+    """The config changed between the check and the launch (a file edited in between): the zygote that imported for
+    the other kind is killed and reaped, and the agent starts a fresh one (None)."""
+    import socket
+
+    child = subprocess.Popen(["sleep", "30"])
+    ours, theirs = socket.socketpair()
+    prestart._State.zygote = (child.pid, ours.detach(), "trainer")
+    try:
+        assert prestart.take("script") is None
+        assert prestart._State.zygote is None
+        with pytest.raises(ChildProcessError):  # reaped already
+            os.waitpid(child.pid, os.WNOHANG)
+    finally:
+        prestart._State.zygote = None
+        theirs.close()
+        if child.returncode is None and psutil.pid_exists(child.pid):
+            child.kill()

@@ -59,21 +59,18 @@ class Zygote:
         it imports while the caller goes on."""
         if cls._current is None or cls._current.proc.poll() is not None:
             forked = prestart.take(kind)
-            cls._current = cls.told(kind, *forked) if forked else Zygote(kind, dict(os.environ if env is None else env))
+            cls._current = cls.adopt(kind, *forked) if forked else Zygote(kind, dict(os.environ if env is None else env))
             atexit.register(cls._current.stop)
         return cls._current
 
     @classmethod
-    def told(cls, kind: str, pid: int, fd: int) -> "Zygote":
-        """The zygote launcher/worker/bootstrap.py forked before this launcher knew its job, told the job's kind now.
-        Its environment is the launcher's first one: what it read at torch's import. Each worker gets its own."""
+    def adopt(cls, kind: str, pid: int, fd: int) -> "Zygote":
+        """The zygote launcher/worker/bootstrap.py forked for this launcher before it ran (launcher.prestart),
+        importing for `kind` meanwhile. Its environment is the launcher's first one, what it read at torch's import;
+        each worker gets its own."""
         zygote = cls.__new__(cls)
         zygote.kind, zygote.proc, zygote.sock = kind, ForkedChild(pid), socket.socket(fileno=fd)
         zygote.ready, zygote.exits, zygote._next_id = False, {}, 0
-        try:
-            zygote.sock.send(json.dumps({"kind": kind}).encode())
-        except OSError:
-            pass  # it is gone: wait_ready says so
         return zygote
 
     @classmethod

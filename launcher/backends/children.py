@@ -9,11 +9,10 @@ worker inherits its agent's environment, so a folder added there would end up on
 from __future__ import annotations
 
 import sys
-from typing import List
+from typing import List, Optional
 
-from launcher.prestart import BOOTSTRAP
+from launcher.prestart import BOOTSTRAP, KINDS, RUN_MODULE
 
-RUN_MODULE = "import runpy, sys; del sys.path[0]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 
 
 def launcher_module_command(module: str, *args: str) -> List[str]:
@@ -21,9 +20,10 @@ def launcher_module_command(module: str, *args: str) -> List[str]:
     return [sys.executable, "-c", RUN_MODULE, module, *args]
 
 
-def node_command(module: str, start_method: str, *args: str) -> List[str]:
-    """launcher_module_command, for a node agent whose workers fork from a zygote: the node starts as
-    launcher/worker/bootstrap.py, which imports torch once for the node and forks its zygote (launcher.prestart)."""
-    if start_method != "fork" or not sys.platform.startswith("linux"):
+def zygote_module_command(module: str, kind: Optional[str], *args: str) -> List[str]:
+    """launcher_module_command, for a child that runs a node agent whose workers (of kind "trainer" or "script") fork
+    from a zygote: it starts as launcher/worker/bootstrap.py, which imports torch once for the agent and forks the
+    zygote first (launcher.prestart). kind None: no zygote (start method spawn)."""
+    if kind not in KINDS or not sys.platform.startswith("linux"):
         return launcher_module_command(module, *args)
-    return [sys.executable, "-u", BOOTSTRAP, "node", module, *args]
+    return [sys.executable, "-u", BOOTSTRAP, str(kind), "node", module, *args]

@@ -22,7 +22,7 @@ from launcher import interrupts
 from launcher.agent.watchdog import nodes_verdict
 from launcher.backends.addresses import free_port
 from launcher.agent.stores import listening_store
-from launcher.backends.children import node_command
+from launcher.backends.children import zygote_module_command
 from launcher.config.rendezvous import split_endpoint
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
@@ -52,7 +52,8 @@ def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
     # to them on stdin, with the plan: never into a file, an argument or an environment
     payload = json.dumps({"config": to_dict(cfg), "plan": plan.to_dict(), "started": started,
                           "rdzv_secret": secrets.token_hex(32)})
-    supervisor = NodeSupervisor(plan, payload)
+    kind = "trainer" if cfg.script.path is None else "script"  # the nodes' zygotes import for it as they start
+    supervisor = NodeSupervisor(plan, payload, kind if plan.start_method == "fork" else None)
     # an elastic job's rendezvous store lives here, not in a node: whichever node is lost, the others re-form
     store = listening_store("127.0.0.1", split_endpoint(plan.rdzv_endpoint)[1], plan.rdzv_timeout_s) if plan.elastic else None
     try:
@@ -65,8 +66,8 @@ def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
 class NodeSupervisor:
     """Starts the node processes, watches them, stops them all when one fails or a signal arrives."""
 
-    def __init__(self, plan: LaunchPlan, payload: str) -> None:
-        self.plan, self.payload = plan, payload
+    def __init__(self, plan: LaunchPlan, payload: str, zygote_kind: Optional[str] = None) -> None:
+        self.plan, self.payload, self.zygote_kind = plan, payload, zygote_kind
         self.procs: List[subprocess.Popen] = []
         self.signal: Optional[int] = None
         self.failed_node: Optional[int] = None
@@ -85,7 +86,7 @@ class NodeSupervisor:
 
     def _start(self, k: int) -> subprocess.Popen:
         proc = subprocess.Popen(
-            node_command("launcher.backends.node", self.plan.start_method, self.plan.run_dir, str(k), str(os.getpid())),
+            zygote_module_command("launcher.backends.node", self.zygote_kind, self.plan.run_dir, str(k), str(os.getpid())),
             stdin=subprocess.PIPE, env=dict(os.environ), text=True, start_new_session=True,  # own group: we decide its stop
         )
         assert proc.stdin is not None

@@ -5,8 +5,8 @@ Run as a program, never imported by the launcher (a worker must not find the pro
 
     python -u launcher/worker/bootstrap.py zygote KIND PARENT_PID FD  # serve fork requests on socket FD
     python -u launcher/worker/bootstrap.py worker SPEC_FD PARENT_PID  # one fresh worker (start method spawn)
-    python -u launcher/worker/bootstrap.py -m launcher ARGS  # the launcher, its zygote forked first (launcher())
-    (and `--path SCRIPT ARGS`, `node MODULE ARGS` the same way: launcher.prestart)
+    python -u launcher/worker/bootstrap.py KIND -m launcher ARGS  # the launcher, its zygote forked first (launcher())
+    (and `KIND --path SCRIPT ARGS`, `KIND node MODULE ARGS` the same way: launcher.prestart)
 
 The zygote is a fresh, single-threaded interpreter that imports what workers need (``torch``
 for scripts; the built-in trainer's modules for ``KIND=trainer``), then forks one worker per
@@ -53,10 +53,10 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     return serve_forks(kind, parent, control_fd)
 
 
-def serve_forks(kind: "str | None", parent: int, control_fd: int, guess: str = "script") -> "tuple | None":
-    """The zygote's life (kind None: told by the agent's first message; until then it dies with the launcher, having
-    nothing to clean up: a Ctrl-C'd launcher exits at once, its zygote importing for a guess). Returns in a worker."""
-    if kind is None:
+def serve_forks(kind: str, parent: int, control_fd: int, forked: bool = False) -> "tuple | None":
+    """The zygote's life. One forked at the launcher's start dies with it until its first fork (forkserver), having
+    nothing to clean up: a launcher Ctrl-C'd at once, or refusing what it finds, ends with no wait. Returns in a worker."""
+    if forked:
         die_with_parent(parent)
     _set_prctl(PR_SET_CHILD_SUBREAPER, 1)
     ignore_stop_signals()
@@ -65,7 +65,7 @@ def serve_forks(kind: "str | None", parent: int, control_fd: int, guess: str = "
     server = types.ModuleType("launcher_forkserver")  # never in sys.modules: a worker holds nothing of the project
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
     SourceFileLoader(server.__name__, path).exec_module(server)
-    found = server.serve(preload, control_fd, parent, kind, guess)
+    found = server.serve(preload, control_fd, parent, kind)
     if found is None:  # its agent is done: nothing to flush but the streams, no teardown of torch's modules (0.4 CPU-s)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -73,10 +73,10 @@ def serve_forks(kind: "str | None", parent: int, control_fd: int, guess: str = "
     return found
 
 
-def launcher(role: str, target: str, args: list) -> "tuple":
-    """`-m launcher ARGS` (launcher.prestart execs `python -m launcher` into it), `--path SCRIPT ARGS` (the `launcher`
-    command), `node MODULE ARGS` (a simulated node): import torch, fork the zygote (until then, this is a fresh zygote
-    that has imported torch), run the launcher here (launcher.prestart). Returns only in a worker."""
+def launcher(kind: str, role: str, target: str, args: list) -> "tuple":
+    """`KIND -m launcher ARGS` (launcher.prestart execs `python -m launcher` into it), `KIND --path SCRIPT ARGS` (the
+    `launcher` command), `KIND node MODULE ARGS` (a child launcher or node): import torch, fork the zygote (until then
+    this is a fresh zygote that has imported torch), run the launcher here (launcher.prestart). Returns in a worker."""
     import gc
 
     gc.disable()  # as preload()
@@ -86,25 +86,23 @@ def launcher(role: str, target: str, args: list) -> "tuple":
         import torch  # noqa: F401
     except Exception:  # noqa: BLE001  (a broken install: the launcher names it, as it would have)
         pass
-    else:  # no script named: the built-in trainer, whose imports the zygote makes while the launcher reads its config
-        guess = "script" if role == "node" or any(a in ("-m", "--module", "--") or a.endswith(".py") for a in args) \
-            else "trainer"  # (a node's job comes on stdin: torch's share only, until told)
+    else:
         ours, theirs, me = *socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.getpid()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the zygote ignores them before it unblocks
         pid = os.fork()
         if pid == 0:  # what the launcher got from its parent is not the zygote's (Popen's close_fds, as before)
             for fd in [ours.detach(), *theirs_too]:
                 os.close(fd)
-            return serve_forks(None, me, theirs.detach(), guess)
+            return serve_forks(kind, me, theirs.detach(), forked=True)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # the launcher's: still blocked (launcher.prestart)
         theirs.close()
-        zygote = (pid, ours.detach(), guess)
+        zygote = (pid, ours.detach())
     gc.enable()
     if role != "node" and not sys.flags.safe_path:  # what `python -m` and `python SCRIPT` put first; a node: nothing
         sys.path.insert(0, os.getcwd() if role == "-m" else os.path.dirname(os.path.realpath(target)))
     global LAUNCHER_RUNS
     LAUNCHER_RUNS = True
-    __import__("launcher.prestart").prestart.run(role, target, args, zygote)
+    __import__("launcher.prestart").prestart.run(kind, role, target, args, zygote)
     sys.exit(0)  # the launcher's module returned: `python -m` exits 0 then
 
 
@@ -376,8 +374,8 @@ def fresh_worker(spec_fd: int, parent: int) -> "tuple":
 
 def main(argv: list) -> None:
     role = argv[0]
-    if role in ("-m", "node", "--path"):  # launcher.prestart.LAUNCHER_ROLES
-        found = launcher(role, argv[1], argv[2:])
+    if role in ("trainer", "script"):  # launcher.prestart
+        found = launcher(role, argv[1], argv[2], argv[3:])
     elif role == "zygote":
         found = zygote(argv[1], int(argv[2]), int(argv[3]))
     else:  # start method spawn: started with the stop signals blocked (blocked_for_child), kept so (become_worker)

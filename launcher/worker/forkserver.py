@@ -21,21 +21,12 @@ MAX_MESSAGE = 1 << 20
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def serve(preload: Callable[[str], None], control_fd: int, parent: int, kind: "str | None",
-          guess: str = "script") -> "tuple | None":
+def serve(preload: Callable[[str], None], control_fd: int, parent: int, kind: str) -> "tuple | None":
     """preload(kind), then fork workers on request until the agent (process `parent`) hangs up or dies; then kill
-    every process this one holds. Returns only in a worker: its spec and fds. kind None: a zygote forked before its
-    launcher knew the job (bootstrap.launcher) imports for the kind its command suggests (guess) meanwhile, then
-    waits for the agent's first message to name it; a guessed trainer is no zygote for a script (launcher.prestart)."""
+    every process this one holds. Returns only in a worker: its spec and fds."""
     sock = socket.socket(fileno=control_fd)
     try:
-        if kind is None:
-            preload(guess)
-            kind = told_kind(sock, parent)
-            if kind is None or (guess == "trainer" and kind != guess):  # the launcher ended, or needs no zygote
-                return None  # (a bad value, a SLURM job, start method spawn) or another one
-            outlive_parent()
-        preload(kind)  # again after a guess: what is imported costs nothing
+        preload(kind)
     except BaseException as e:  # noqa: BLE001  (reported to the agent, which names it)
         send(sock, {"event": "error", "message": f"{type(e).__name__}: {e}"})
         return None
@@ -49,6 +40,8 @@ def serve(preload: Callable[[str], None], control_fd: int, parent: int, kind: "s
             message, fds = receive(sock)
             if message is None:  # the agent is gone or done
                 break
+            if not children:
+                outlive_parent()
             held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the child keeps them blocked
             pid = os.fork()
             if pid == 0:
@@ -64,21 +57,10 @@ def serve(preload: Callable[[str], None], control_fd: int, parent: int, kind: "s
     return None
 
 
-def told_kind(sock: socket.socket, parent: int) -> "str | None":
-    """The job's kind from the agent's first message ({"kind": ...}); None once the agent has hung up or died."""
-    while os.getppid() == parent:
-        readable, _, _ = select.select([sock], [], [], 1.0)
-        if readable:
-            message, fds = receive(sock)
-            for fd in fds:
-                os.close(fd)
-            return None if message is None else str(message.get("kind"))
-    return None
-
-
 def outlive_parent() -> None:
-    """Told its job, about to fork: from now on a dying agent no longer kills this process (bootstrap.serve_forks set
-    that while it had nothing to clean up), which outlives it to kill the workers first (the end of serve())."""
+    """About to fork: from now on a dying agent no longer kills this process (as bootstrap.serve_forks has it do in a
+    zygote forked at the launcher's start, while it has nothing to clean up); it outlives the agent to kill its
+    workers first (the end of serve())."""
     import ctypes  # torch has loaded it
 
     try:
