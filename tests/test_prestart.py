@@ -71,8 +71,11 @@ def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
         workers = []
         while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
-            workers = [p for c in psutil.Process(proc.pid).children() for p in c.children()
-                       if c.cmdline() == psutil.Process(proc.pid).cmdline()]
+            try:  # a short-lived child (the `git` recording provenance) can go between two reads
+                workers = [p for c in psutil.Process(proc.pid).children() if c.cmdline() == psutil.Process(proc.pid).cmdline()
+                           for p in c.children()]
+            except psutil.Error:
+                continue
         launcher = psutil.Process(proc.pid).cmdline()
         assert launcher[1:6] == ["-u", prestart.BOOTSTRAP, "script", "-m", "launcher"], launcher
         assert len(workers) == 2, "the workers are the children of the launcher's child with its command line"
