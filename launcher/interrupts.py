@@ -37,8 +37,8 @@ import sys
 from collections.abc import Callable, Iterator  # not typing: it would add to what loads before the hold
 
 from launcher.errors import Interrupted
+from launcher.prestart import HELD  # the stop signals: one tuple, kept blocked across prestart's exec
 
-HELD: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _State:

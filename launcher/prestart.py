@@ -31,7 +31,7 @@ import sys
 from typing import Callable, List, Optional, Tuple
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "bootstrap.py")
-HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # launcher.interrupts.HELD (not imported: it loads errors)
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the stop signals launcher.interrupts handles (it imports these)
 KINDS = ("trainer", "script")
 # launcher.backends.children's child of the installed package: `python -c RUN_MODULE MODULE ARGS`, as `python -m`
 # runs MODULE but with the working folder left out of sys.path (where a user's own launcher.py would shadow ours)
