@@ -74,6 +74,7 @@ def main(argv: List[str]) -> int:
     gpu_steps = 60 if args.quick else 200
     wanted = set(filter(None, args.only.split(",")))
     rows: List[Dict[str, Any]] = []
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cpus": os.cpu_count(), "rows": rows}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         for i, (name, model, batch, extra, cpu_steps) in enumerate(CASES):
             if wanted and name not in wanted:
@@ -85,8 +86,8 @@ def main(argv: List[str]) -> int:
                 row["cpu"] = run(Path(tmp) / f"c{i}", model, batch, cpu_steps, cpu_extra, cpu=True)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cpus": os.cpu_count(), "rows": rows}
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+            # written after every case: a check stopped at its time limit keeps the cases that finished
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['device']}, torch {result['torch']}, {result['cpus']} CPU cores; CPU rows fp32, all cores")
     print(f"{'case':26} {'GPU samples/s':>13} {'CPU samples/s':>13} {'speed-up':>9} {'MFU %':>7} {'peak GiB':>9} {'ms/step':>8}")
     for row in rows:

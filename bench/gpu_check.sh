@@ -19,5 +19,5 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 timeout "${GPU_TESTS_S:-240}" python3 -m pytest -p no:cacheprovider -m gpu -v -rs --timeout 200 \
     tests/test_features_gpu.py tests/test_fork.py tests/test_hangs_gpu.py tests/test_metrics_units.py 2>&1 | tee "$out/tests.log"
 echo "tests rc ${PIPESTATUS[0]}"
-timeout "${GPU_BENCH_S:-300}" python3 bench/gpu.py --quick ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} --json "$out/gpu.json" 2>&1 | tee "$out/bench.log"
+timeout "${GPU_BENCH_S:-420}" python3 bench/gpu.py --quick ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} --json "$out/gpu.json" 2>&1 | tee "$out/bench.log"
 echo "bench rc ${PIPESTATUS[0]}"
