@@ -142,7 +142,8 @@ def _cmd(p: psutil.Process) -> str:
 
 # CPU seconds each test's processes used (pytest's own and every child it waited for, workers included through
 # the launcher that waited for them): on 2 cores the suite's length is bounded by its CPU time, not by how many
-# tests run at once, so this is the figure to cut (`LAUNCHER_TEST_CPU=FILE` appends "cpu_s wall_s nodeid" lines).
+# tests run at once, so this is the figure to cut (`LAUNCHER_TEST_CPU=FILE` appends "cpu_s wall_s end_time xdist_worker
+# nodeid" lines: the end time and worker draw the run's timeline, where the cores idled).
 CPU_LOG = os.environ.get("LAUNCHER_TEST_CPU")
 
 
@@ -154,7 +155,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: object):
     before, started = _cpu_seconds(), time.monotonic()
     yield
     with open(CPU_LOG, "a", encoding="utf-8") as f:
-        f.write(f"{_cpu_seconds() - before:.1f} {time.monotonic() - started:.1f} {item.nodeid}\n")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+        f.write(f"{_cpu_seconds() - before:.1f} {time.monotonic() - started:.1f} {time.time():.1f} {worker} {item.nodeid}\n")
 
 
 def _cpu_seconds() -> float:
