@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 PR_SET_CHILD_SUBREAPER = 36
 # Order of the layers: pure units first, then the shared clusters' groups (long, mostly waiting: under
 # pytest-xdist they start early, each on a worker of its own, beside the rest), then network namespaces,
-# then the other real multi-process runs.
+# then the other real multi-process runs. Under pytest-xdist GROUP_WALL_S orders the groups after the units.
 LAYERS = ("slurm", "ray", "netns", "slow")
 
 
@@ -51,12 +51,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marks.add("slow")
         return min((i + 1 for i, name in enumerate(LAYERS) if name in marks), default=0)  # its first layer
 
-    # A layer's tests file by file, each file's in pytest's own order: a group of several files (a cluster's)
-    # then runs each file's module-scoped jobs once, not again after another file's test came between.
+    # Pure units first; then the groups that start processes, longest first (GROUP_WALL_S); within a group file by
+    # file, each file's tests in pytest's own order: a group of several files (a cluster's) then runs each file's
+    # module-scoped jobs once, not again after another file's test came between.
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (layer(item), str(item.path), position[id(item)]))
+    groups = {id(item): xdist_group(item) for item in items}
+    layers = {id(item): layer(item) for item in items}
+    items.sort(key=lambda item: (layers[id(item)] > 0, -GROUP_WALL_S.get(groups[id(item)], 0), layers[id(item)],
+                                 groups[id(item)], str(item.path), position[id(item)]))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+
+
+# Wall seconds each group took beside the others in a fresh-clone run (4 xdist workers, LAUNCHER_TEST_CPU, 2026-11-27).
+# tests/run.sh keeps this order (--no-loadscope-reorder; xdist's own reorder is by test count): longest first, so
+# no long group starts last and runs on alone while the other workers idle (the exit stress did, for ~40 s).
+# A group missing here runs after these, in layer order; the figures only order the run, a stale one only slows it.
+GROUP_WALL_S = {
+    "slurm": 600, "ray": 480, "test_object_store.py": 320, "test_features_runs.py": 250,
+    "test_torchrun_fidelity.py": 190, "test_strategies.py": 160, "test_restarts.py": 160, "test_metrics_runs.py": 120,
+    "test_hangs.py": 110, "test_elastic.py": 110, "test_board.py": 110, "test_script_metrics.py": 100,
+    "test_ls.py": 90, "test_user_modules.py": 90, "test_symlinks.py": 80, "test_exact_resume.py": 80,
+    "test_scale_scripts.py": 80, "test_fork.py": 80, "test_multinode_failfast.py": 80, "test_multinode.py": 70,
+    "test_rdzv_signing.py": 70, "test_bad_input.py": 70, "netns": 70, "test_torchrun_flags.py": 70,
+    "test_early_interrupt.py": 60, "test_randomness.py": 60, "test_sweep.py": 60, "test_command_stress.py": 50,
+    "test_checkpoint.py": 50, "test_backend_contract.py:simulated": 50, "test_signals.py": 50,
+    "test_run_ownership.py": 50, "test_backend_contract.py:two-agents": 50, "test_python_api.py": 50,
+    "test_watchdog.py": 40, "test_prestart.py": 40, "test_ctrl_c.py": 40, "test_store_tamper.py": 40,
+    "test_run_local.py": 40, "test_exit_stress.py": 30, "test_backend_contract.py:local": 30,
+    "test_failed_runs.py": 30, "test_cli_bad_input.py": 30, "test_script_mode.py": 30, "test_board_token.py": 30,
+    "test_doctor.py": 30,
+}
 
 
 # Under pytest-xdist (tests/run.sh: `-n N --dist loadgroup`) one worker runs a whole group, in order.

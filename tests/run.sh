@@ -34,5 +34,6 @@ fi
 
 # Four pytest-xdist workers on 2 cores: a third of the suite waits (on SLURM's queue, Ray, rendezvous
 # and exit timeouts, signals), and the shared clusters' groups run on a worker each (tests/conftest.py).
+# --no-loadscope-reorder: the groups start in tests/conftest.py's order (longest first), not by test count.
 # LAUNCHER_TEST_WORKERS=0 runs it in one process, in order.
-.venv/bin/python -m pytest -n "${LAUNCHER_TEST_WORKERS:-4}" --dist loadgroup "$@"
+.venv/bin/python -m pytest -n "${LAUNCHER_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"
