@@ -9,10 +9,13 @@ import hashlib
 import os
 import json
 import re
+import subprocess
 from pathlib import Path
+from typing import List
 
 import pytest
 
+from tests.forked_cli import ForkedCli
 from tests.helpers import REPO, run_launcher
 
 pytestmark = pytest.mark.timeout(480)
@@ -156,18 +159,43 @@ def snapshot(root: Path) -> dict:
             if p.is_file() else "dir" for p in sorted(root.rglob("*"))}
 
 
+def with_output_dir(argv: List[str], out: Path) -> List[str]:
+    own_dir = argv[0] in ("resume", "scale") or any(a.startswith("output_dir=") for a in argv)
+    return [*argv] if own_dir else [f"output_dir={out}", *argv]
+
+
+def assert_refused(argv: List[str], words: str, result: subprocess.CompletedProcess) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (argv, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), (argv, result.stderr)
+    assert words in lines[0], (argv, lines[0])
+    assert "Traceback" not in result.stderr + result.stdout
+
+
 def test_each_bad_input_gives_one_line_and_exit_2(tmp_path):
+    """Each case a real launcher process, forked after the command line's imports (tests/forked_cli.py)."""
     out = tmp_path / "runs"
-    for argv, words, env in cases(tmp_path):
-        before = snapshot(tmp_path)
-        own_dir = argv[0] in ("resume", "scale") or any(a.startswith("output_dir=") for a in argv)
-        result = run_launcher([*argv] if own_dir else [f"output_dir={out}", *argv], cwd=tmp_path, timeout=60, env=env)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2, (argv, result.stderr)
-        assert len(lines) == 1 and lines[0].startswith("error: "), (argv, result.stderr)
-        assert words in lines[0], (argv, lines[0])
-        assert "Traceback" not in result.stderr + result.stdout
-        assert snapshot(tmp_path) == before, f"{argv} changed files under {tmp_path}"
+    with ForkedCli(tmp_path) as cli:
+        for argv, words, env in cases(tmp_path):
+            before = snapshot(tmp_path)
+            assert_refused(argv, words, cli.run(with_output_dir(argv, out), cwd=tmp_path, env=env))
+            assert snapshot(tmp_path) == before, f"{argv} changed files under {tmp_path}"
+
+
+SAMPLE = ("--gpus 0", "adir", "-m no_such_module", "--cluster slurm")  # a flag, a script, a module, an environment
+
+
+def test_a_sample_of_the_table_reads_the_same_from_a_fresh_interpreter(tmp_path):
+    """What the forked cases show is what `python -m launcher` shows: the same line, the same exit, for a sample."""
+    out = tmp_path / "runs"
+    sample = [case for case in cases(tmp_path) if " ".join(case[0]) in SAMPLE]
+    assert len(sample) == len(SAMPLE)
+    with ForkedCli(tmp_path) as cli:
+        for argv, words, env in sample:
+            fresh = run_launcher(with_output_dir(argv, out), cwd=tmp_path, timeout=60, env=env)
+            forked = cli.run(with_output_dir(argv, out), cwd=tmp_path, env=env)
+            assert_refused(argv, words, fresh)
+            assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
 def test_an_unknown_keys_value_is_not_echoed(tmp_path):

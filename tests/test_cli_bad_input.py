@@ -5,6 +5,7 @@ import hashlib
 
 import pytest
 
+from tests.forked_cli import ForkedCli
 from tests.helpers import QUIET, only_run_dir, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -76,8 +77,9 @@ def test_every_bad_invocation_is_one_line_and_changes_nothing(tmp_path):
 
     all_cases = cases(run, runs, tmp_path)
     assert len(all_cases) >= 25
-    for argv, words in all_cases:
-        result = run_launcher(argv, cwd=tmp_path, timeout=60)
+    with ForkedCli(tmp_path) as cli:  # each case a real launcher process, forked after its imports
+        results = [(argv, words, cli.run(argv, cwd=tmp_path)) for argv, words in all_cases]
+    for argv, words, result in results:
         lines = result.stderr.strip().splitlines()
         assert result.returncode != 0, (argv, result.stdout, result.stderr)
         assert len(lines) == 1 and lines[0].startswith("error: "), (argv, result.stderr)
