@@ -7,14 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-# torch is pinned to the CPU build that lies on this kind of machine (see docs/getting-started.md: GPU
-# machines); the docs extra is mkdocs, for tests/test_docs.py's strict build of the documentation site.
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test,docs]'
-
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# The machine's part (root on Debian: apt-get, then the SLURM dev cluster's daemons) needs no Python of ours: it runs
+# in the background while pip installs, and its output is shown once both are done.
+machine_log=$(mktemp)
+machine=""
+prepare_machine() {
   if ! command -v ip >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) || echo "tests/run.sh: could not install iproute2; network-namespace tests will skip"
   fi
@@ -23,12 +20,37 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
   if [ -x cluster/devcluster/up.sh ] && [ "${LAUNCHER_TEST_SLURM:-1}" = 1 ]; then
     if bash cluster/devcluster/up.sh; then
-      trap 'bash cluster/devcluster/down.sh >/dev/null 2>&1 || true' EXIT
-      # shellcheck disable=SC1091
-      source "${DEVCLUSTER_DIR:-/tmp/launcher-devcluster}/env.sh"
+      touch "$machine_log.slurm"
     else
       echo "tests/run.sh: the SLURM dev cluster did not come up; SLURM tests will skip"
     fi
+  fi
+}
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  prepare_machine >"$machine_log" 2>&1 &
+  machine=$!
+  # also when pip fails below: the set-up is stopped (our own job, by its id) and a cluster it started goes down
+  trap '[ -z "$machine" ] || kill "$machine" 2>/dev/null || true; wait 2>/dev/null || true
+        [ ! -e "$machine_log.slurm" ] || bash cluster/devcluster/down.sh >/dev/null 2>&1 || true
+        rm -f "$machine_log" "$machine_log.slurm"' EXIT
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+# torch is pinned to the CPU build that lies on this kind of machine (see docs/getting-started.md: GPU
+# machines); the docs extra is mkdocs, for tests/test_docs.py's strict build of the documentation site.
+# --no-compile, then compileall on every core: pip byte-compiles on one core only (about a minute here).
+.venv/bin/pip install -q --no-compile --disable-pip-version-check torch==2.13.0 -e '.[test,docs]'
+.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null 2>&1 || true  # (a test file of some package's that does not compile)
+
+if [ -n "$machine" ]; then
+  wait "$machine" || true
+  machine=""
+  cat "$machine_log"
+  if [ -e "$machine_log.slurm" ]; then
+    # shellcheck disable=SC1091
+    source "${DEVCLUSTER_DIR:-/tmp/launcher-devcluster}/env.sh"
   fi
 fi
 
