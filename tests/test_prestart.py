@@ -31,6 +31,7 @@ for fd in os.listdir("/proc/self/fd"):
         pass
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen-%s-%s.json" % (sys.argv[1], os.environ["RANK"])), "w") as f:
     json.dump({"modules": sorted(sys.modules), "fds": sorted(fds)}, f)
+dist.barrier()  # as scripts do: a rank that leaves straight after init can close its pair before its peer's is up
 dist.destroy_process_group()
 """
 
