@@ -73,7 +73,8 @@ class ForkedCli:
             timeout: float = 60) -> subprocess.CompletedProcess:
         self.count += 1
         out, err = self.tmp / f"{self.count}.out", self.tmp / f"{self.count}.err"
-        out.touch(), err.touch()
+        out.touch()
+        err.touch()
         case = {"argv": list(args), "cwd": str(cwd), "env": launcher_env(env), "out": str(out), "err": str(err)}
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(case) + "\n")

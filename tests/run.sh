@@ -9,7 +9,6 @@ cd "$(dirname "$0")/.."
 
 # The machine's part (root on Debian: apt-get, then the SLURM dev cluster's daemons) needs no Python of ours: it runs
 # in the background while pip installs, and its output is shown once both are done.
-machine_log=$(mktemp)
 machine=""
 prepare_machine() {
   if ! command -v ip >/dev/null; then
@@ -27,6 +26,7 @@ prepare_machine() {
   fi
 }
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  machine_log=$(mktemp)
   prepare_machine >"$machine_log" 2>&1 &
   machine=$!
   # also when pip fails below: the set-up is stopped (our own job, by its id) and a cluster it started goes down
