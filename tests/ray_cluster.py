@@ -25,14 +25,15 @@ import pytest
 from tests.helpers import SESSION_PIDS, free_port, launcher_env
 
 CPUS_PER_NODE = 2
-QUERY = """
+QUERY_MARK = "launcher-tests-query: "
+QUERY = f"MARK = {QUERY_MARK!r}\n" + """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, namespace="launcher-tests")
 from ray.util import placement_group_table
 pgs = [p["name"] for p in placement_group_table().values() if p["state"] != "REMOVED"]
 actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
 nodes = [{"id": n["NodeID"], "alive": n["Alive"]} for n in ray.nodes()]
-print(json.dumps({"placement_groups": pgs, "actors": actors, "nodes": nodes}))
+print(MARK + json.dumps({"placement_groups": pgs, "actors": actors, "nodes": nodes}), flush=True)
 """
 
 
@@ -110,7 +111,10 @@ class RayDevCluster:
         done = subprocess.run([sys.executable, "-c", QUERY, self.address], capture_output=True, text=True,
                               timeout=120, env=self.env)
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        # Ray may print to stdout too (e.g. "raylet has lagging heartbeats" after a node was killed): only our line
+        ours = [line[len(QUERY_MARK):] for line in done.stdout.splitlines() if line.startswith(QUERY_MARK)]
+        assert len(ours) == 1, done.stdout[-2000:]
+        return json.loads(ours[0])
 
     def raylet_pid(self, node_id: str) -> Optional[int]:
         for proc in self.procs:
