@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+import psutil
 import pytest
 
-from tests.helpers import kill_group, start_launcher
+from tests.helpers import SESSION_PIDS, kill_group, start_launcher
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 
@@ -134,19 +135,52 @@ def get_json(url: str) -> Dict[str, Any]:
     return json.loads(body)
 
 
+class _Browser:
+    """One headless chromium per test process, started by the first page a test asks for and closed at the session's
+    end (close_browser, from tests/conftest.py): a launch costs ~4 CPU-s on 2 cores, and each test still gets a fresh
+    context (its own cookies, storage and cache). Its driver is a session process (SESSION_PIDS), not a leftover."""
+
+    playwright: Any = None
+    browser: Any = None
+
+
+def _browser() -> Any:
+    if _Browser.browser is None or not _Browser.browser.is_connected():
+        close_browser()
+        from playwright.sync_api import sync_playwright
+
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        _Browser.playwright = sync_playwright().start()
+        _Browser.browser = _Browser.playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"],
+                                                               env={**os.environ})
+        # the driver, chromium, and chromium's crash handlers (they detach from it, to this process: a subreaper)
+        SESSION_PIDS.update(p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before)
+    return _Browser.browser
+
+
+def close_browser() -> None:
+    """Close the shared browser and its driver, if this process started them."""
+    browser, playwright = _Browser.browser, _Browser.playwright
+    _Browser.browser = _Browser.playwright = None
+    try:
+        if browser is not None:
+            browser.close()
+    finally:
+        if playwright is not None:
+            playwright.stop()
+
+
 @contextlib.contextmanager
 def browser_page() -> Iterator[Any]:
-    """A headless chromium page (the system's binary) that records console errors in page.errors."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], env={**os.environ})
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.errors = []
-            page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: page.errors.append(str(e)))
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            browser.close()
+    """A page in a fresh context of the shared headless chromium (the system's binary) that records console errors
+    in page.errors."""
+    context = _browser().new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        page.errors = []
+        page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.set_default_timeout(60_000)
+        yield page
+    finally:
+        context.close()

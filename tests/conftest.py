@@ -113,9 +113,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) 
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.board_helpers import close_browser
     from tests.ray_cluster import stop_shared
 
     stop_shared()
+    close_browser()
 
 
 @pytest.fixture(autouse=True)
