@@ -57,8 +57,11 @@ if [ -n "$machine" ]; then
   fi
 fi
 
-# Four pytest-xdist workers on 2 cores: a third of the suite waits (on SLURM's queue, Ray, rendezvous
-# and exit timeouts, signals), and the shared clusters' groups run on a worker each (tests/conftest.py).
+# Three pytest-xdist workers on 2 cores: the shared SLURM and Ray clusters' groups run on a worker each
+# (tests/conftest.py) and spend much of their time waiting on the clusters' jobs, whose processes keep the cores busy.
+# Measured on fresh clones (2026-11-27, /proc/stat and process accounting): 3 workers kept both cores 180-200% busy
+# and used 11% less CPU than 4 (a test's median CPU -8%: less time-slicing among its processes); pytest took 21:49
+# against 23:29. 6 workers had cost 19% more CPU than 4.
 # --no-loadscope-reorder: the groups start in tests/conftest.py's order (longest first), not by test count.
 # LAUNCHER_TEST_WORKERS=0 runs it in one process, in order.
-.venv/bin/python -m pytest -n "${LAUNCHER_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"
+.venv/bin/python -m pytest -n "${LAUNCHER_TEST_WORKERS:-3}" --dist loadgroup --no-loadscope-reorder "$@"
