@@ -48,6 +48,10 @@ fi
 # checkpoint code, cost each zygote and each torchrun worker ~0.1 s so).
 unused='/site-packages/(transformers/models/(?!auto/|gpt2/|__init__)|plotly/(validators|graph_objs|express|figure_factory)/|ray/(rllib|data|tune|train|air)/|narwhals/|cfnlint/|graphql/|prompt_toolkit/|sympy/(physics|stats|integrals/rubi|holonomic|liealgebras|categories|diffgeom|vector|crypto|codegen)/)'
 .venv/bin/python -m compileall -q -j 0 -x "$unused" .venv/lib/python3*/site-packages >/dev/null 2>&1 || true  # (a test file of some package's that does not compile)
+# And this checkout's own packages (installed editable: pip compiles none of them). Where PYTHONDONTWRITEBYTECODE is set,
+# as on these machines, every launcher, zygote and command would otherwise compile the ~120 modules it imports again:
+# 0.45-0.52 s of a launch's imports against 0.23-0.27 s with these .pyc files (2026-11-27), some 600 times a run.
+.venv/bin/python -m compileall -q -j 0 launcher trainers >/dev/null 2>&1 || true
 
 if [ -n "$machine" ]; then
   wait "$machine" || true
