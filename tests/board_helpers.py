@@ -137,8 +137,9 @@ def get_json(url: str) -> Dict[str, Any]:
 
 class _Browser:
     """One headless chromium per test process, started by the first page a test asks for and closed at the session's
-    end (close_browser, from tests/conftest.py): a launch costs ~4 CPU-s on 2 cores, and each test still gets a fresh
-    context (its own cookies, storage and cache). Its driver is a session process (SESSION_PIDS), not a leftover."""
+    end (close_browser, from tests/conftest.py): a start costs ~1.5-2 CPU-s with its driver, and each test still gets
+    a fresh context (its own cookies, storage and cache). Its processes are the session's (SESSION_PIDS), not
+    leftovers."""
 
     playwright: Any = None
     browser: Any = None
@@ -153,9 +154,19 @@ def _browser() -> Any:
         _Browser.playwright = sync_playwright().start()
         _Browser.browser = _Browser.playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"],
                                                                env={**os.environ})
-        # the driver, chromium, and chromium's crash handlers (they detach from it, to this process: a subreaper)
-        SESSION_PIDS.update(p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before)
+        # the driver, chromium, and chromium's crash handlers (they detach from it, to this process: a subreaper); not
+        # a process of the test's own that started meanwhile (a board's), which must still end with the test
+        SESSION_PIDS.update(p.pid for p in psutil.Process().children(recursive=True)
+                            if p.pid not in before and _of_the_browser(p))
     return _Browser.browser
+
+
+def _of_the_browser(p: psutil.Process) -> bool:
+    try:
+        command = " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+    return "playwright" in command or "chrom" in command
 
 
 def close_browser() -> None:
