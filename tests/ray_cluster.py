@@ -26,14 +26,14 @@ from tests.helpers import SESSION_PIDS, free_port, launcher_env
 
 CPUS_PER_NODE = 2
 QUERY_MARK = "launcher-tests-query: "
-QUERY = f"MARK = {QUERY_MARK!r}\n" + """
+QUERY = """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, namespace="launcher-tests")
 from ray.util import placement_group_table
 pgs = [p["name"] for p in placement_group_table().values() if p["state"] != "REMOVED"]
 actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
 nodes = [{"id": n["NodeID"], "alive": n["Alive"]} for n in ray.nodes()]
-print(MARK + json.dumps({"placement_groups": pgs, "actors": actors, "nodes": nodes}), flush=True)
+print(sys.argv[2] + json.dumps({"placement_groups": pgs, "actors": actors, "nodes": nodes}), flush=True)
 """
 
 
@@ -108,7 +108,7 @@ class RayDevCluster:
         SESSION_PIDS.add(proc.pid)
 
     def query(self) -> Dict[str, Any]:
-        done = subprocess.run([sys.executable, "-c", QUERY, self.address], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", QUERY, self.address, QUERY_MARK], capture_output=True, text=True,
                               timeout=120, env=self.env)
         assert done.returncode == 0, done.stderr[-2000:]
         # Ray may print to stdout too (e.g. "raylet has lagging heartbeats" after a node was killed): only our line
