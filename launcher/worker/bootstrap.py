@@ -119,6 +119,7 @@ def preload(kind: str) -> None:
     progress()  # the heartbeat's and step records' code, shared by every forked worker
 
     if kind == "trainer":  # the installed package's, never a folder put on sys.path (a user's trainers.py stays theirs)
+        import omegaconf  # noqa: F401  (each rank rebuilds its config with it: ~0.08 CPU-s a worker otherwise)
         import psutil  # noqa: F401
         import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
         import torch.nn.parallel  # noqa: F401
