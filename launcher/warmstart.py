@@ -20,5 +20,6 @@ def collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        gc.freeze()
         if was:
             gc.enable()

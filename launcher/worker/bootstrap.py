@@ -87,6 +87,7 @@ def launcher(kind: str, role: str, target: str, args: list) -> "tuple":
     except Exception:  # noqa: BLE001  (a broken install: the launcher names it, as it would have)
         pass
     else:
+        gc.freeze()  # torch's objects, all still in the youngest generation: the launcher's collector never rescans them
         ours, theirs, me = *socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.getpid()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the zygote ignores them before it unblocks
         pid = os.fork()
