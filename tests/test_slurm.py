@@ -89,6 +89,32 @@ def log_has(path: Path, text: str) -> bool:
     return path.is_file() and text in path.read_text(errors="replace")
 
 
+def job_processes(job_id: str) -> Dict[int, str]:
+    """pid -> command line of every process on this machine started for the job (its SLURM_JOB_ID in the
+    environment it started with: submitit's task, the node agent, its zygote, the workers; the dev cluster's
+    nodes are this machine)."""
+    found, marker = {}, f"SLURM_JOB_ID={job_id}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and "slurmstepd" not in cmdline:
+            found[int(entry)] = cmdline
+    return found
+
+
+def loads_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text(errors="replace")
+
+
+def nothing_left_running(job_id: str) -> None:
+    wait_for(lambda: not job_processes(job_id), 30, f"job {job_id}'s processes to end: {job_processes(job_id)}")
+
+
 @pytest.mark.timeout(240)
 def test_two_nodes_through_slurm_match_a_local_run(runs, slurm_env, local_reference):
     result = run_launcher(SUBMIT + ["--wait", "--output-dir", str(runs)] + TRAIN, cwd=runs, timeout=200, env=slurm_env)
@@ -168,6 +194,7 @@ def test_preemption_checkpoints_requeues_and_resumes_to_the_same_parameters(runs
     # the first attempt's rank logs are kept: USR2 reached the trainer, which checkpointed
     assert "got SIGUSR2: checkpointing at the next step boundary" in (run_dir / "logs" / "slurm-attempt-0" / "rank-0.log").read_text()
     assert summary["param_checksums"] == reference["param_checksums"] and summary["final_loss"] == reference["final_loss"]
+    nothing_left_running(job_id)  # neither attempt left an agent, a zygote or a worker behind
 
 
 @pytest.mark.timeout(180)
@@ -182,6 +209,8 @@ def test_a_failing_rank_fails_the_job_and_names_the_rank(runs, slurm_env):
     assert status.returncode == 1 and "FAILED: rank 3 failed" in status.stdout
     logs = run_launcher(["logs", str(run_dir), "--rank", "3"], cwd=runs, timeout=60, env=slurm_env)
     assert "InjectedFault" in logs.stdout
+    task_log = next((run_dir / "slurm").glob("*_1_log.out")).read_text()  # SLURM's output of node 1's task
+    assert f"node 1 ended with exit code 1; see {run_dir}/logs" in task_log
 
 
 @pytest.mark.timeout(180)
@@ -193,11 +222,19 @@ def test_cancel_stops_a_running_job(runs, slurm_env):
     wait_for(lambda: log_has(run_dir / "logs" / "rank-0.log", "step 10/"), 90, "training to start")
     status = run_launcher(["status", str(run_dir)], cwd=runs, timeout=60, env=slurm_env)
     assert status.returncode == 0 and "RUNNING" in status.stdout
+    # each node's task: submitit's process (no torch of its own) running the node agent, which imports torch once
+    # for itself and the zygote the workers fork from
+    running = job_processes(job_id)
+    tasks = [pid for pid, command in running.items() if command.split()[1:4] == ["-u", "-m", "submitit.core._submit"]]
+    assert len(tasks) == 2 and not any(loads_torch(pid) for pid in tasks), running
+    nodes = [pid for pid, command in running.items() if "launcher.backends.slurm.node" in command]
+    assert len(nodes) == 2 * (1 + 1 + 2), running  # per node: its agent, the zygote, 2 workers
     cancel = run_launcher(["cancel", run_dir.name, "--output-dir", str(runs)], cwd=runs, timeout=60, env=slurm_env)
     assert cancel.returncode == 0 and f"cancelled SLURM job {job_id}" in cancel.stdout
     wait_for(lambda: job_state(job_id) == "CANCELLED", 60, "the job to be cancelled")
     status = run_launcher(["status", str(run_dir)], cwd=runs, timeout=60, env=slurm_env)
     assert status.returncode == 130 and "CANCELLED" in status.stdout
+    nothing_left_running(job_id)
 
 
 @pytest.mark.timeout(600)

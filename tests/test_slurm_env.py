@@ -138,3 +138,22 @@ def test_bad_slurm_values_are_one_line_errors(tmp_path):
 def test_wait_without_slurm_is_refused(tmp_path):
     result = run_launcher(["--wait", "--dry-run"], cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and "--wait follows a submitted job: add --cluster slurm" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_task_process_loads_no_torch(tmp_path):
+    """submitit's process in each task unpickles the callable and calls it; the node agent it starts imports torch
+    once for itself and the workers' zygote (launcher.backends.slurm.task). Loading the callable must not pull
+    torch into submitit's process: that was a second `import torch` (~2 CPU-s) on every node."""
+    import pickle
+
+    from launcher.backends.slurm.task import SlurmNodeAgent
+
+    pickled = tmp_path / "submitted.pkl"
+    pickled.write_bytes(pickle.dumps(SlurmNodeAgent({"output_dir": str(tmp_path), "run_id": "r"})))
+    probe = ("import pickle, sys; agent = pickle.load(open(sys.argv[1], 'rb')); "
+             "print(type(agent).__name__, agent.config['run_id'], 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, str(pickled)], capture_output=True, text=True, timeout=50,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["SlurmNodeAgent", "r", "False"]

@@ -9,10 +9,9 @@ worker inherits its agent's environment, so a folder added there would end up on
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from launcher.prestart import BOOTSTRAP, KINDS, RUN_MODULE
-
 
 
 def launcher_module_command(module: str, *args: str) -> List[str]:
@@ -27,3 +26,11 @@ def zygote_module_command(module: str, kind: Optional[str], *args: str) -> List[
     if kind not in KINDS or not sys.platform.startswith("linux"):
         return launcher_module_command(module, *args)
     return [sys.executable, "-u", BOOTSTRAP, str(kind), "node", module, *args]
+
+
+def workers_kind(config: Dict[str, Any]) -> Optional[str]:
+    """The kind of workers (zygote_module_command's `kind`) of a node running this config (launcher.config.schema's
+    to_dict): "trainer" for the built-in trainer, "script" for a script, None with start method spawn."""
+    if (config.get("launcher") or {}).get("start_method") == "spawn":
+        return None
+    return "trainer" if (config.get("script") or {}).get("path") is None else "script"

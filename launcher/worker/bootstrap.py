@@ -134,10 +134,12 @@ def preload(kind: str) -> None:
 def ignore_stop_signals() -> None:
     """The zygote's: the agent decides when workers stop; SLURM's USR2 reaches every process of a job step. This
     process started (or was forked) with SIGINT, SIGTERM and SIGHUP blocked: held until now, and once ignored,
-    unblocking drops what is pending. A worker inherits them ignored, and blocked until take_stop_signals()."""
+    unblocking drops what is pending. A worker inherits them ignored, and blocked until take_stop_signals(); USR1 and
+    USR2 unblocked (a SLURM node agent starts with USR2 blocked, launcher.backends.slurm.task, and the trainer's
+    USR2 handler must hear it)."""
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (*STOP_SIGNALS, signal.SIGUSR1, signal.SIGUSR2))
 
 
 def take_stop_signals() -> None:

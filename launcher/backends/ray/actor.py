@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
-from launcher.backends.children import zygote_module_command
+from launcher.backends.children import workers_kind, zygote_module_command
 from launcher.runtime import env
 
 
@@ -43,9 +43,7 @@ class NodeRunner:
         import json
 
         with open(log_path, "ab") as log:
-            cfg = payload.get("config") or {}
-            kind = None if (cfg.get("launcher") or {}).get("start_method") == "spawn" else \
-                "trainer" if (cfg.get("script") or {}).get("path") is None else "script"
+            kind = workers_kind(payload.get("config") or {})
             self.proc = subprocess.Popen(zygote_module_command("launcher.backends.ray.task", kind, str(os.getpid())),
                                          stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=child_env,
                                          cwd=cwd if os.path.isdir(cwd) else None, start_new_session=True)

@@ -1,104 +1,135 @@
-"""What runs inside a SLURM job: one task per node, each running this node's agent.
+"""What runs inside a SLURM job: one task per node, each running this node's agent as its child.
 
-`SlurmNodeAgent` is the callable submitit pickles and calls in every task; it implements
-submitit's Checkpointable, so SLURM's warning signal (USR2, before the time limit or on
-`scancel --signal=USR2`) makes the workers save a checkpoint at the next step boundary and
-the job requeue. The requeued job runs the same callable in the same run directory, and the
-trainer resumes from the newest checkpoint there.
+`SlurmNodeAgent` is the callable submitit pickles and calls in every task. It loads no torch: it starts
+this node's agent (launcher.backends.slurm.node) as a child through launcher/worker/bootstrap.py, which
+imports torch once for the agent and for the zygote its workers fork from (launcher.prestart), and waits
+for it. It implements submitit's Checkpointable, so SLURM's warning signal (USR2, before the time limit or
+on `scancel --signal=USR2`) makes the workers save a checkpoint at the next step boundary and the job
+requeue. The requeued job runs the same callable in the same run directory, and the trainer resumes from
+the newest checkpoint there.
+
+Processes of a task: submitit's (this module) -> the node agent -> its zygote -> the workers (each its own
+session). The agent stays in the task's process group, so SLURM signals it whatever the proctrack plugin:
+with proctrack/linuxproc or cgroup every process of the step gets SLURM's USR2 and SIGTERM, with pgid the
+task's process group. It dies with this process (PR_SET_PDEATHSIG), and its zygote kills the workers then.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
-from launcher.agent.processes import running_worker_pids
-from launcher.backends.dispatch import launch
-from launcher.backends.slurm.environment import SlurmEnvironment, adopt_allocation
-from launcher.clock import process_start_time
-from launcher.config.schema import from_dict
+from launcher.backends.children import workers_kind, zygote_module_command
+from launcher.backends.slurm.environment import SlurmEnvironment
 from launcher.errors import LaunchError
 from launcher.logs import setup_launcher_logging
-from launcher.rundir import archive_rank_logs, read_json, write_json
 
 log = logging.getLogger("launcher")
-STOP_SIGNAL = signal.SIGUSR2  # submitit's checkpoint signal; the trainer stops on it (trainers.faults.stop)
+STOP_SIGNAL = signal.SIGUSR2  # submitit's checkpoint signal; the node agent passes it on (launcher.backends.slurm.node)
+LEAVE_WAIT_S = 10.0  # this process is leaving (a requeue): how long the agent gets to end on SIGTERM before SIGKILL
 
 
 class SlurmNodeAgent:
     """submitit's callable: this node's part of the job. Picklable: a config dict and nothing live."""
 
+    _child: "Optional[subprocess.Popen[bytes]]" = None  # the node agent while it runs (for checkpoint())
+
     def __init__(self, config: Dict[str, Any]) -> None:
         self.config = config
 
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"config": self.config}
+
     def __call__(self) -> int:
-        cfg = adopt_allocation(from_dict(self.config))
         env = SlurmEnvironment.from_environ()
-        run_dir = Path(cfg.output_dir) / str(cfg.run_id)
+        run_dir = Path(self.config["output_dir"]) / str(self.config.get("run_id") or env.run_id)
         setup_launcher_logging(None)
-        started = process_start_time()
-        try:  # the run directory is this job's (submit made it), on its first attempt as on a requeue
-            code = launch(cfg, dry_run=False, started=started, continuing=lambda _: self._note_requeue(env, run_dir))
-        finally:  # a failed or stopped job's summary names its SLURM job too
-            if env.node_rank == 0:
-                record_requeues(run_dir, env, started)
+        self._child = start_node_agent(self.config)
+        try:
+            code = self._child.wait()
+        finally:  # a requeue (submitit's SystemExit from checkpoint()) or an error here: the agent ends too
+            stop_node_agent(self._child)
         if code != 0:
             raise LaunchError(f"node {env.node_rank} ended with exit code {code}; see {run_dir}/logs")
         return code
-
-    @staticmethod
-    def _note_requeue(env: SlurmEnvironment, run_dir: Path) -> None:
-        """A requeued attempt keeps the previous attempt's rank logs under logs/slurm-attempt-N/.
-
-        Node 0 moves them once it holds its slot: no node's workers start before node 0 is up (rendezvous).
-        """
-        if not env.restart_count:
-            return
-        log.info(f"SLURM job {env.job_id} requeued {env.restart_count} time(s): resuming from the latest checkpoint")
-        if env.node_rank == 0:
-            archive_rank_logs(run_dir, f"slurm-attempt-{env.restart_count - 1}")
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """On USR2 (rank 0's task only): let the workers save at the next step, then requeue."""
         import submitit
 
         grace = float(self.config.get("checkpoint", {}).get("grace_s", 8.0))
-        stop_workers_and_wait(grace + 5.0)
+        if self._child is not None:
+            stop_workers_and_wait(self._child.pid, grace + 5.0)
         return submitit.helpers.DelayedSubmission(SlurmNodeAgent(self.config))
 
 
-def stop_workers_and_wait(timeout_s: float) -> None:
-    """Ask this node's workers to checkpoint and stop; wait until they have exited.
+def start_node_agent(config: Dict[str, Any]) -> "subprocess.Popen[bytes]":
+    """This node's agent as a child: the config on its stdin, this process's environment (SLURM's variables, and the
+    rendezvous secret where the job carries one) inherited, its output into this task's log.
 
-    SLURM may already have signalled them (proctrack signals every process of the step); a second
-    signal within the trainer's repeat window is ignored (trainers.faults.stop). The workers of the other
-    nodes stop at the same step: the ranks agree on a stop at every step boundary.
-    """
-    for pid in running_worker_pids():
+    USR2 stays blocked from the fork until the agent has its handler: one that came while it imports torch would
+    end it (the default action) instead of checkpointing."""
+    command = zygote_module_command("launcher.backends.slurm.node", workers_kind(config), str(os.getpid()))
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, (STOP_SIGNAL,))
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.PIPE)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    assert child.stdin is not None
+    with child.stdin:
+        child.stdin.write(json.dumps(config).encode())
+    return child
+
+
+def stop_node_agent(child: "subprocess.Popen[bytes]") -> None:
+    """End the agent if it still runs: SIGTERM (it stops its workers as on a cancel), SIGKILL after LEAVE_WAIT_S."""
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(LEAVE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def worker_pids(agent: int) -> List[int]:
+    """The node's workers still running: the agent's descendants that lead their own session (a worker makes one,
+    as torchrun's do; the agent and its zygote stay in the task's, a worker's own children in the worker's)."""
+    import psutil
+
+    try:
+        found = psutil.Process(agent).children(recursive=True)
+    except psutil.Error:
+        return []
+    pids = []
+    for proc in found:
         try:
-            os.kill(pid, STOP_SIGNAL)
-        except ProcessLookupError:
+            if os.getsid(proc.pid) == proc.pid:
+                pids.append(proc.pid)
+        except OSError:  # it ended meanwhile
             pass
+    return pids
+
+
+def stop_workers_and_wait(agent: int, timeout_s: float) -> None:
+    """Ask this node's workers to checkpoint and stop, through their agent (it keeps their pids); wait until they
+    have exited, or the agent has.
+
+    SLURM may already have signalled the agent and the workers (proctrack/linuxproc and cgroup signal every process
+    of the step): a repeat within the trainer's window is ignored (trainers.faults.stop).
+    """
+    try:
+        os.kill(agent, STOP_SIGNAL)
+    except ProcessLookupError:
+        return
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and running_worker_pids():
+    while time.monotonic() < deadline and worker_pids(agent):
         time.sleep(0.2)
     log.info("workers stopped after a checkpoint; requeueing")
-
-
-def record_requeues(run_dir: Path, env: SlurmEnvironment, started: float) -> None:
-    """summary.json counts SLURM requeues among the restarts, and names the job.
-
-    Only a summary this attempt wrote (since `started`): an earlier attempt's has its count already.
-    """
-    path = run_dir / "summary.json"
-    if not path.is_file() or path.stat().st_mtime < started:
-        return
-    summary = read_json(path)
-    summary["slurm_job_id"] = env.job_id
-    summary["slurm_requeues"] = env.restart_count
-    summary["restarts"] = int(summary.get("restarts") or 0) + env.restart_count
-    write_json(path, summary)
