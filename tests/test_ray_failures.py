@@ -51,7 +51,8 @@ def kill_a_bundle_node(cluster, runs: Path, proc) -> Dict:
 
     wait_for(lambda: bool(run_dir()), 120, "the run directory")
     rank0 = run_dir()[0] / "logs" / "rank-0.log"
-    wait_for(lambda: proc.poll() is not None or (rank0.is_file() and f"step {KILL_AT}/" in rank0.read_text(errors="replace")),
+    reached = f"step {KILL_AT}/"
+    wait_for(lambda: proc.poll() is not None or (rank0.is_file() and reached in rank0.read_text(errors="replace")),
              240, f"training to reach step {KILL_AT}")
     assert proc.poll() is None, proc.stdout.read()[-3000:]
     job = json.loads((run_dir()[0] / "job.json").read_text())
