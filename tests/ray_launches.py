@@ -2,7 +2,8 @@
 (tests/test_ray.py), bench/ray_stress.py fifty.
 
 A `--wait` launch must exit 0 with summary status completed; a cancelled one is submitted, followed
-until it trains, stopped with `python -m launcher cancel` and must end interrupted. Either way the
+until it trains, stopped with `python -m launcher cancel` and must end interrupted (from its step 10 on, rank 0
+sleeps a second a step, the fault injector's slow rank: it waits for the cancel without burning the CPU). Either way the
 cluster must hold none of the launcher's placement groups or actors afterwards, and no process of
 ours may still name the run directory. A launch not done within the timeout is a hang: its process
 group is killed and the launch fails.
@@ -25,6 +26,7 @@ from tests.helpers import QUICK, command_line, launcher_env
 from tests.ray_cluster import RayDevCluster, ray_env
 
 NOTHING_LEFT = {"placement_groups": [], "actors": []}
+SLOW_FROM_10 = {"LAUNCHER_INJECT_FAULT": "rank=0,step=10,action=slow"}  # reaches the Ray nodes (docs/ray.md)
 
 
 def _launcher(args: List[str], cwd: Path, env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -71,7 +73,7 @@ def launch_once(k: int, cancel: bool, root: Path, cluster: RayDevCluster, timeou
         run_dir = next(runs.glob("2*"), runs)
         ok = done.returncode == 0 and _status(run_dir) == "completed"
     else:
-        done = _launcher([*args, "trainer.steps=1000000"], code, env, timeout)
+        done = _launcher([*args, "trainer.steps=1000000"], code, {**env, **SLOW_FROM_10}, timeout)
         run_dir = next(runs.glob("2*"), runs)
         rank0 = run_dir / "logs" / "rank-0.log"
         _until(lambda: rank0.is_file() and "step " in rank0.read_text(errors="replace"), timeout)

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import QUICK, REPO, free_port, read_metrics, read_summary, run_launcher
 from tests.ray_cluster import ray_cluster, ray_env
-from tests.ray_launches import launch_once, line
+from tests.ray_launches import SLOW_FROM_10, launch_once, line
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
 TUTORIAL = REPO / "tests" / "scripts" / "ddp_tutorial.py"
@@ -188,7 +188,8 @@ def wait_for(condition, timeout: float, what: str) -> None:
 def test_a_submitted_job_is_followed_and_cancelled(ray2, tmp_path):
     runs = tmp_path / "runs"
     done = run_launcher(["--cluster", "ray", "--nodes", "2", "--gpus", "1", f"output_dir={runs}", *QUICK,
-                         "trainer.steps=1000000", "wandb.mode=disabled"], cwd=tmp_path, timeout=150, env=ray_env(ray2))
+                         "trainer.steps=1000000", "wandb.mode=disabled"], cwd=tmp_path, timeout=150,
+                        env={**ray_env(ray2), **SLOW_FROM_10})  # from step 10 on it idles until cancelled
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = only_dir(runs)
     assert f"submitted Ray job {run_dir.name}" in done.stdout and f"python -m launcher cancel {run_dir}" in done.stdout

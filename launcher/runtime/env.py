@@ -18,6 +18,9 @@ INJECT_FAULT = "LAUNCHER_INJECT_FAULT"
 TEST_HANG_RANK = "LAUNCHER_TEST_HANG_RANK"
 TEST_HANG_STEP = "LAUNCHER_TEST_HANG_STEP"
 TEST_SAVE_DELAY_S = "LAUNCHER_TEST_SAVE_DELAY_S"
+# The test hooks again, as one table: what --cluster ray forwards to its node agents through the job's Ray
+# runtime_env (launcher.backends.ray.job), since Ray gives an actor its raylet's environment, not the submitter's.
+TEST_HOOKS = (INJECT_FAULT, TEST_HANG_RANK, TEST_HANG_STEP, TEST_SAVE_DELAY_S)
 # The job's rendezvous secret (docs/security.md): the node agents sign what they share through the
 # rendezvous store with it. Read by the agent (launcher.config.rdzv_secret) and never passed to a worker.
 RDZV_SECRET = "LAUNCHER_RDZV_SECRET"

@@ -9,7 +9,9 @@ sleeps SLOW_STEP_S in every step from S on (a slow rank that uses no CPU, still 
 boundaries), so a job outlasts a signal that a test sends it at a time the machine's load cannot move.
 An attempt counts the launcher's attempts (LAUNCHER_ATTEMPT: restarts and elastic membership changes) and SLURM's
 requeues (a requeued job's agent starts again at 0).
-An environment variable rather than a config key: it is not part of a job's recorded config.
+An environment variable rather than a config key: it is not part of a job's recorded config. A Ray job's node
+agents get it through the job's runtime_env (launcher.backends.ray.job.forwarded_env); a Ray job re-placed after a
+lost node starts new agents, whose attempts count from 0 again.
 """
 
 from __future__ import annotations

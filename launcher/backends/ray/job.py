@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.backends.ray import cluster, code
 from launcher.backends.ray.actor import remote_class
@@ -25,6 +25,7 @@ from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict, to_dict
 from launcher.errors import ConfigError
 from launcher.rundir import read_json, write_json
+from launcher.runtime import env
 
 log = logging.getLogger("launcher")
 STOP_GRACE_S = 25.0  # a stopped node agent stops its workers (checkpoint grace included) and records the end
@@ -49,7 +50,7 @@ class RayJob:
 
     def run(self) -> int:
         # the driver runs in the submitting folder (--wait: this process; else the detached driver, started there)
-        self.ray = cluster.connect(cluster.cluster_address(self.cfg), code.runtime_env(self.cfg, code.working_folder()))
+        self.ray = cluster.connect(cluster.cluster_address(self.cfg), runtime_env(self.cfg, os.environ))
         # after ray.init, which sets its own SIGTERM handler (sys.exit): Ctrl-C, and SIGTERM from `cancel`,
         # are passed on to the node agents, which stop their workers and record the end
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -160,6 +161,26 @@ class RayJob:
         state = {"completed": "COMPLETED", "interrupted": "CANCELLED"}.get(summary.get("status"), "FAILED")
         update_job(self.run_dir, {"state": state})
         return {"COMPLETED": 0, "CANCELLED": 130}[state] if state != "FAILED" else 1
+
+
+def runtime_env(cfg: Config, environ: Mapping[str, str]) -> Optional[Dict[str, Any]]:
+    """The job's Ray runtime_env, which every actor of the job starts in: the shipped code (launcher.backends.ray.code)
+    and, as env_vars, the launcher's test hooks set here (forwarded_env)."""
+    found: Dict[str, Any] = dict(code.runtime_env(cfg, code.working_folder()) or {})
+    hooks = forwarded_env(environ)
+    if hooks:
+        found["env_vars"] = hooks
+    return found or None
+
+
+def forwarded_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """What of the submitting environment the node agents get: the built-in trainer's test hooks only.
+
+    Ray starts an actor with its raylet's environment, not the driver's, so a hook would not reach the nodes as it
+    reaches a local run's workers or a SLURM job's tasks (sbatch --export=ALL). Nothing else travels: a runtime_env
+    is readable by whoever can list the cluster's jobs, so the rendezvous secret goes as an actor argument and a
+    user's own variables (tokens among them) stay with the cluster's own setup (docs/ray.md)."""
+    return {name: environ[name] for name in env.TEST_HOOKS if environ.get(name)}
 
 
 def describe_loss(cfg: Config, placement: cluster.Placement, dead: List[int]) -> str:
