@@ -92,10 +92,11 @@ class NodeSession:
         placement = self.logs.placement
         group = placement.get("group_rank", self.plan.node_rank)
         node_name = f"node-{group}" if group is not None else f"node-{socket.gethostname()}"
-        write_json(run_dir / "nodes" / f"{node_name}.json", {
-            "status": status, "error": error, "host": socket.gethostname(), "node_rank": group,
-            "ranks": placement.get("ranks", []), "restarts": restarts,
-        })
+        record = {"status": status, "error": error, "host": socket.gethostname(), "node_rank": group,
+                  "ranks": placement.get("ranks", []), "restarts": restarts}
+        if isinstance(base.get("root_cause"), dict):  # this node's failed first rank: the job's, where it failed first
+            record["root_cause"] = base["root_cause"]
+        write_json(run_dir / "nodes" / f"{node_name}.json", record)
         status, error = self._job_verdict(group, status, error)
         if self.mirror is not None:  # the head waits for the others' last lines and records; they send them
             self.mirrored = self.mirror.close()

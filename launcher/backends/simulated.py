@@ -182,6 +182,11 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
         log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
         return code
     hangs = _hangs(run_dir, plan.nodes)
+    cause = _node_record(run_dir, failed_node).get("root_cause")
+    if "root_cause" not in base and isinstance(cause, dict):
+        # node 0 had not seen its own rank fail when it was stopped (it ended "interrupted", with no root cause):
+        # the node that failed first names the rank, as `ls`, `logs` and the board lead with it
+        base["root_cause"] = cause
     error = hangs or _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
     finish(run_dir, base, None, "hung" if hangs else "failed", started, error=error, restarts=restarts)
     if code == 2:
