@@ -122,6 +122,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
+    from tests.helpers import serves_the_session
+
     yield
     me = psutil.Process()
     children = [p for p in me.children(recursive=True) if not serves_the_session(p)]
@@ -141,16 +143,6 @@ def no_leftover_processes():
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
             pass
     assert not names, f"the test left processes running: {names}"
-
-
-def serves_the_session(p: psutil.Process) -> bool:
-    """A process of a cluster a fixture started for several tests (tests/ray_cluster.py), or one of its children."""
-    from tests.helpers import SESSION_PIDS
-
-    try:
-        return bool(SESSION_PIDS) and any(q.pid in SESSION_PIDS for q in [p, *p.parents()])
-    except psutil.Error:
-        return False
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -82,6 +82,15 @@ def descendants(pid: int) -> List[psutil.Process]:
         return []
 
 
+def serves_the_session(p: psutil.Process) -> bool:
+    """A process of what a fixture or helper keeps for several tests (SESSION_PIDS: the Ray cluster, the shared
+    browser), or one of its children (chromium starts helper processes whenever it likes)."""
+    try:
+        return bool(SESSION_PIDS) and any(q.pid in SESSION_PIDS for q in [p, *p.parents()])
+    except psutil.Error:
+        return False
+
+
 def command_line(p: psutil.Process) -> str:
     """p's command line, or "" where it has gone or is a zombie: a short-lived child of the launcher (the `git`
     it runs to record provenance) can be either between listing the children and reading this."""

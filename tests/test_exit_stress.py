@@ -29,7 +29,7 @@ from typing import List, Optional
 import psutil
 import pytest
 
-from tests.helpers import REPO, command_line, descendants, kill_group, launcher_env, wait_gone
+from tests.helpers import REPO, command_line, descendants, kill_group, launcher_env, serves_the_session, wait_gone
 
 # A hung launch never finishes at all; a normal one took up to 44 s on this 2-core machine while
 # other test runs shared it, hence a bound of twice that rather than 60 s (a hang that the launcher's
@@ -140,7 +140,9 @@ def launch(shape: Shape, number: int, iteration: int, where: Path) -> Launch:
     lag = None if missing else time.time() - max((out / f"done-{r}").stat().st_mtime for r in range(shape.world))
     # With the suite's subreaper, orphans of the launch re-parent to this process: anything alive
     # below us now (after a moment to exit) was left behind by this launch.
-    left = wait_gone(descendants(os.getpid()), timeout=5)
+    # Not the session's (a board test's shared chromium in this test process): killing them as leftovers broke
+    # the next browser test (a fresh-clone run, 2026-11-27).
+    left = wait_gone([p for p in descendants(os.getpid()) if not serves_the_session(p)], timeout=5)
     leftovers = [f"{p.pid} {command_line(p)[:100]}" for p in left]
     for p in left:
         _kill(p)
