@@ -183,7 +183,7 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
         return code
     hangs = _hangs(run_dir, plan.nodes)
     cause = _node_record(run_dir, failed_node).get("root_cause")
-    if "root_cause" not in base and isinstance(cause, dict):
+    if "root_cause" not in base and isinstance(cause, dict) and isinstance(cause.get("rank"), int):  # read back: its shape checked
         # node 0 had not seen its own rank fail when it was stopped (it ended "interrupted", with no root cause):
         # the node that failed first names the rank, as `ls`, `logs` and the board lead with it
         base["root_cause"] = cause
