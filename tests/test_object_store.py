@@ -161,8 +161,8 @@ def test_a_scheme_without_its_package_names_the_extra(tmp_path):
 def test_checkpoints_in_gcs_resume_on_a_new_node_bitwise_as_the_uninterrupted_run(tmp_path, store_env, bucket_run, gcs, monkeypatch):
     """checkpoint.dir=gs://...: a job that fails at step 12 has published step 8 there; the same command on a node
     with an empty output folder resumes from it and ends on the uninterrupted run's weights (the S3 run's).
-    Two saves in all (the second job saves only at its end): the emulator answers 501 to GCS's moveTo, which
-    torch's checkpoint writer uses once a save, and gcsfs copies instead only after ~30 s of retries."""
+    Two saves in all (the second job saves only at its end). The emulator serves GCS's moveTo, which torch's
+    checkpoint writer uses once a save (tests/gcs_emulator.py: without it gcsfs retried ~30 s a save)."""
     reference = json.loads(store_env.cat_file(f"runs/exp/{bucket_run['run_id']}/summary.json"))
     url = "gs://ckpts/exp"
     first = run_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path / 'node1'}"], cwd=tmp_path, timeout=240,
