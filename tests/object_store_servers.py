@@ -15,7 +15,7 @@ from typing import Iterator, List
 
 import pytest
 
-from tests.helpers import QUIET, SESSION_PIDS, kill_group, run_launcher
+from tests.helpers import QUIET, REPO, SESSION_PIDS, kill_group, run_launcher
 
 SECRET = "test-secret-never-recorded-9f3c"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
@@ -75,7 +75,7 @@ class Relay:
 @contextlib.contextmanager
 def serving(argv: List[str], port: int, what: str) -> Iterator[None]:
     """A server (argv) answering on 127.0.0.1:port for a module's tests, killed by its pid at the end."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     SESSION_PIDS.add(proc.pid)  # kept for the module's tests: not a test's leftover
     try:
         deadline = time.monotonic() + 60
@@ -166,11 +166,12 @@ def assert_no_secret(run_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def gcs():
-    """gcp-storage-emulator (the GCS JSON API, in memory) on a free loopback port, with the bucket ckpts; gcsfs reaches
-    it through STORAGE_EMULATOR_HOST, as Google's own clients reach an emulator."""
+    """gcp-storage-emulator (the GCS JSON API, in memory) on a free loopback port, with the bucket ckpts and GCS's
+    moveTo (tests/gcs_emulator.py); gcsfs reaches it through STORAGE_EMULATOR_HOST, as Google's own clients reach an
+    emulator."""
     pytest.importorskip("gcsfs")
     pytest.importorskip("gcp_storage_emulator")
     port = free_port()
-    with serving([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+    with serving([sys.executable, "-m", "tests.gcs_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
                   "--in-memory", "--quiet", "--default-bucket", "ckpts"], port, "the GCS emulator"):
         yield {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}

@@ -20,7 +20,9 @@ from tests.helpers import QUICK, REPO, catches, descendants, group_processes, ki
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-LAUNCHES = 14
+# Each of the four ways (trainer or script; SIGINT to the launcher or to its group) twice, spread over the window
+# (~1.5 CPU-s a launch; bench/early_interrupt.py --launches N for a long run)
+LAUNCHES = 8
 WINDOW_S = 1.5
 SHAPES = {
     "trainer": ["--gpus", "2", "trainer.steps=300", *QUICK],

@@ -37,23 +37,33 @@ def assert_bitwise_the_same(summary, reference):
     assert summary["final_loss"] == expected["final_loss"]
 
 
-def test_a_restarted_job_ends_with_the_uninterrupted_parameters(tmp_path, reference):
+@pytest.fixture(scope="module")
+def restarted_then_resumed(reference, tmp_path_factory):
+    """One job of 20 steps whose last rank fails at step 13 and is restarted from step 8, then `resume`d to STEPS:
+    both tests' interruptions (each starts an attempt, whose first step once drifted) in two launches, not three.
+    Its first launch's summary is read before the resume; a drift at either shows in the final weights."""
     world, _ = reference
-    result = run_launcher([*job(world), f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path, timeout=240,
-                          env={"LAUNCHER_INJECT_FAULT": f"rank={world - 1},step=13"})
-    assert result.returncode == 0, result.stderr
-    summary = read_summary(only_run_dir(tmp_path))
-    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 8
-    assert_bitwise_the_same(summary, reference)
-
-
-def test_a_resumed_run_ends_with_the_uninterrupted_parameters(tmp_path, reference):
-    world, _ = reference
-    first = run_launcher([*job(world), f"output_dir={tmp_path}", "trainer.steps=20"], cwd=tmp_path, timeout=240)
+    tmp = tmp_path_factory.mktemp(f"restarted-then-resumed{world}")
+    first = run_launcher([*job(world), f"output_dir={tmp}", "trainer.steps=20", "--max-restarts", "1"], cwd=tmp,
+                         timeout=240, env={"LAUNCHER_INJECT_FAULT": f"rank={world - 1},step=13"})
     assert first.returncode == 0, first.stderr
-    run_dir = only_run_dir(tmp_path)
-    result = run_launcher(["resume", str(run_dir), f"trainer.steps={STEPS}"], cwd=tmp_path, timeout=240)
-    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp)
+    restarted = read_summary(run_dir)
+    resumed = run_launcher(["resume", str(run_dir), f"trainer.steps={STEPS}"], cwd=tmp, timeout=240)
+    return restarted, resumed, run_dir
+
+
+def test_a_restarted_job_ends_with_the_uninterrupted_parameters(reference, restarted_then_resumed):
+    restarted, resumed, run_dir = restarted_then_resumed
+    assert restarted["status"] == "completed" and restarted["steps"] == 20, restarted
+    assert restarted["restarts"] == 1 and restarted["resumed_from_step"] == 8, restarted
+    assert resumed.returncode == 0, resumed.stderr
+    assert_bitwise_the_same(read_summary(run_dir), reference)
+
+
+def test_a_resumed_run_ends_with_the_uninterrupted_parameters(reference, restarted_then_resumed):
+    _, resumed, run_dir = restarted_then_resumed
+    assert resumed.returncode == 0, resumed.stderr
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] == 20
     assert_bitwise_the_same(summary, reference)

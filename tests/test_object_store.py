@@ -72,6 +72,9 @@ def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_ru
     relay.close()
 
 
+# The store is checked in the launcher's main(), after launcher.prestart has exec'd into torch's import and forked
+# the workers' zygote (~5 CPU-s for the one line): the endpoint case refuses there, as a default launch does; the
+# bucket cases' point is their message, and their launches start workers by spawn (no exec, no zygote: ~1 CPU-s).
 @pytest.mark.parametrize("where, key, problem", [
     ("endpoint", "checkpoint.dir", "cannot reach the object store at http://127.0.0.1:"),
     ("bucket", "checkpoint.dir", "the bucket no-such-bucket does not exist: create it"),
@@ -81,7 +84,8 @@ def test_a_wrong_endpoint_or_bucket_is_one_line_before_anything_starts(tmp_path,
     url = "s3://no-such-bucket/x" if where == "bucket" else "s3://ckpts/x"
     endpoint = f"http://127.0.0.1:{free_port() if where == 'endpoint' else moto}"
     where_to = [f"checkpoint.dir={url}", f"output_dir={tmp_path / 'out'}"] if key == "checkpoint.dir" else [f"output_dir={url}"]
-    result = run_launcher([*job(), *where_to], cwd=tmp_path, timeout=120,
+    spawn = ["launcher.start_method=spawn"] if where == "bucket" else []
+    result = run_launcher([*job(), *spawn, *where_to], cwd=tmp_path, timeout=120,
                           env={**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "TMPDIR": str(tmp_path)})
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
@@ -161,8 +165,8 @@ def test_a_scheme_without_its_package_names_the_extra(tmp_path):
 def test_checkpoints_in_gcs_resume_on_a_new_node_bitwise_as_the_uninterrupted_run(tmp_path, store_env, bucket_run, gcs, monkeypatch):
     """checkpoint.dir=gs://...: a job that fails at step 12 has published step 8 there; the same command on a node
     with an empty output folder resumes from it and ends on the uninterrupted run's weights (the S3 run's).
-    Two saves in all (the second job saves only at its end): the emulator answers 501 to GCS's moveTo, which
-    torch's checkpoint writer uses once a save, and gcsfs copies instead only after ~30 s of retries."""
+    Two saves in all (the second job saves only at its end). The emulator serves GCS's moveTo, which torch's
+    checkpoint writer uses once a save (tests/gcs_emulator.py: without it gcsfs retried ~30 s a save)."""
     reference = json.loads(store_env.cat_file(f"runs/exp/{bucket_run['run_id']}/summary.json"))
     url = "gs://ckpts/exp"
     first = run_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path / 'node1'}"], cwd=tmp_path, timeout=240,
@@ -211,13 +215,16 @@ def test_a_running_bucket_run_is_listed_as_running_and_its_rank_logs_read_back_b
 
     fs, env = store_env, {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{moto}", "TMPDIR": str(tmp_path)}
     steps = int(INTERVAL_S) + 20  # a first upload 30 s in; 20 s left for `ls` and `logs` once it is there
+    started = time.monotonic()
     proc = start_launcher(["--gpus", "1", f"trainer.steps={steps}", "trainer.log_every=1", *QUIET,
                            "output_dir=s3://runs/live"], cwd=tmp_path,
                           env={**env, "LAUNCHER_INJECT_FAULT": "rank=0,step=1,action=slow"})
     try:
+        while proc.poll() is None and time.monotonic() < started + INTERVAL_S:  # nothing can be up before its first sync
+            time.sleep(0.5)
         rank0 = ""
         while proc.poll() is None and f"/{steps} loss" not in rank0:  # the bucket, read as the job runs
-            time.sleep(1)
+            time.sleep(0.5)
             fs.invalidate_cache()
             found = fs.glob("runs/live/*/logs/rank-0.log")
             rank0 = fs.cat_file(found[0]).decode() if found else ""
