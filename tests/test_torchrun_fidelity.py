@@ -3,7 +3,8 @@ state, loaded modules, start methods, streams, failures and final results.
 
 Each script shape (tests/scripts/) runs once under `python -m launcher --gpus 2` and once under
 `torchrun --nproc-per-node 2`, in the same folder with the same environment; the tests below
-share those runs.
+share those runs. The plain observer's runs take torchrun's documented one-machine line under both
+(the launcher takes torchrun's flags, tests/test_torchrun_flags.py), so they are that line's runs too.
 """
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ def run_torchrun(args: List[str], cwd: Path, env: Dict[str, str], out: Path,
 
 def run_both(workdir: Path, script: str, args: Sequence[str] = (), overrides: Sequence[str] = (),
              env: Optional[Dict[str, str]] = None, out_args: Callable[[Path], List[str]] = lambda out: ["--out", str(out)],
-             beside: Sequence[str] = ()) -> Runs:
+             beside: Sequence[str] = (), torchrun_line: Sequence[str] = ()) -> Runs:
     """SCRIPT ARGS --out DIR (out_args) under the launcher, then under torchrun, both started in workdir; the folders
-    named in beside are copied next to the script (a Hydra app's configuration)."""
+    named in beside are copied next to the script (a Hydra app's configuration). torchrun_line: torchrun's flags,
+    given to both (by default the launcher gets `--gpus 2`, torchrun `--nproc-per-node 2`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(SCRIPTS / script, workdir / script)
     for folder in beside:
@@ -99,27 +101,37 @@ def run_both(workdir: Path, script: str, args: Sequence[str] = (), overrides: Se
     ours_out.mkdir()
     theirs_out.mkdir()
     runs = workdir / "runs"
-    ours = run_launcher(["--gpus", "2", f"output_dir={runs}", *overrides, script, *args, *out_args(ours_out)],
-                        cwd=workdir, timeout=RUN_TIMEOUT_S, env=env)
-    theirs = run_torchrun([script, *args, *out_args(theirs_out)], cwd=workdir, env=env, out=theirs_out)
+    ours = run_launcher([*(torchrun_line or ["--gpus", "2"]), f"output_dir={runs}", *overrides, script, *args,
+                         *out_args(ours_out)], cwd=workdir, timeout=RUN_TIMEOUT_S, env=env)
+    theirs = run_torchrun([script, *args, *out_args(theirs_out)], cwd=workdir, env=env, out=theirs_out,
+                          flags=torchrun_line or ("--nproc-per-node", "2"))
     return Runs(ours, theirs, ours_out, theirs_out, runs)
+
+
+# torchrun's documented line for one machine; torch 2.13's torchrun runs a line with no rendezvous flags and one
+# node (`--nproc-per-node 2`) the same way: a c10d rendezvous on localhost at a free port.
+STANDALONE = ["--standalone", "--nnodes=1", "--nproc-per-node=2"]
 
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """The observer, watchdog off: the launcher may add nothing to the environment."""
-    return run_both(tmp_path_factory.mktemp("plain"), "observer.py", ["--flag", "x y"], ["watchdog.timeout_s=0"])
+    """The observer on torchrun's standalone line under both (the launcher maps it to `--nodes 1 --gpus 2`; these
+    are also that line's runs for tests/test_torchrun_flags.py), watchdog off: the launcher may add nothing to the
+    environment. W&B off too (its offline run costs a launch ~2 CPU-s): `spawned`, with the launcher's defaults,
+    W&B on, checks the same environment, modules and interpreter."""
+    return run_both(tmp_path_factory.mktemp("plain"), "observer.py", ["--flag", "x y"],
+                    ["watchdog.timeout_s=0", *NO_WANDB], torchrun_line=STANDALONE)
 
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """The observer choosing the spawn start method itself, watchdog on (the default)."""
+    """The observer choosing the spawn start method itself, with the launcher's defaults (watchdog and W&B on)."""
     return run_both(tmp_path_factory.mktemp("spawned"), "observer.py", ["--spawn"])
 
 
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """A rank that raises; W&B off (it is not what these runs check: the environment runs keep the default)."""
+    """A rank that raises; W&B off (it is not what these runs check: `spawned` keeps the default)."""
     return run_both(tmp_path_factory.mktemp("failing"), "fail_rank1.py", overrides=NO_WANDB)
 
 
@@ -159,6 +171,7 @@ def env_differences(ours: Dict[str, str], theirs: Dict[str, str], watchdog: bool
 
 
 def test_a_script_gets_torchruns_environment_and_no_variable_of_ours_without_the_watchdog(plain):
+    """Also: the standalone line of torchrun's docs runs alike (its arguments checked in the interpreter test)."""
     for rank in range(2):
         ours, theirs = plain.seen(rank)
         assert env_differences(ours["env"], theirs["env"], watchdog=False) == {}

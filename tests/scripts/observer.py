@@ -3,9 +3,10 @@
     observer.py --out DIR [--spawn]
 
 Each rank writes DIR/seen-<RANK>.json. With --spawn the script picks multiprocessing's spawn start
-method on its first lines, as scripts that need it do; its DataLoader workers are then fresh
-interpreters that import this file again as __mp_main__ (hence the __main__ guard), and each item
-they load says what they see.
+method on its first lines, as scripts that need it do; its DataLoader worker is then a fresh
+interpreter that imports this file again as __mp_main__ (hence the __main__ guard), and each item
+it loads says what it sees. One loader worker: what a worker sees does not depend on how many there
+are, and each spawned one imports torch again (~2.5 CPU-s, under both launchers).
 """
 
 import multiprocessing
@@ -47,7 +48,7 @@ def main() -> None:
     print("ERR-LINE", file=sys.stderr, flush=True)
     dist.init_process_group("gloo")
     total, children = torch.zeros(()), set()
-    for values, mains, projects in DataLoader(Numbers(), batch_size=8, num_workers=2):
+    for values, mains, projects in DataLoader(Numbers(), batch_size=8, num_workers=1):
         total += values.sum()
         children.update(zip(mains, projects))
     dist.all_reduce(total)
