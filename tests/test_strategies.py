@@ -165,7 +165,7 @@ def test_other_models_train_under_sharded_strategies(tmp_path, model, strategy):
     result = run_launcher(["--gpus", "2", f"output_dir={tmp_path}", f"model.name={model}", f"trainer.strategy={strategy}",
                            "model.hidden=32", "model.depth=2", "model.in_dim=16", "model.channels=8", "model.image_size=8",
                            "data.dataset_size=512", "data.batch_size=16", "trainer.steps=30", "trainer.log_every=10",
-                           "trainer.lr=3e-3"], cwd=tmp_path)
+                           "trainer.lr=3e-3", "wandb.mode=disabled"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     metrics = read_metrics(only_run_dir(tmp_path))
     assert metrics[-1]["loss"] < metrics[0]["loss"]
