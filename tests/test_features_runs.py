@@ -10,8 +10,10 @@ from tests.helpers import REPO, launcher_env, only_run_dir, read_metrics, read_s
 
 pytestmark = pytest.mark.timeout(300)
 
+# 8 steps: the loss is at 0.73 of step 2's by then (bf16 and fp32 alike; the bf16 test asks for 0.9), and no run
+# reaches step 11, where checkpoint.every_steps=auto times a save of its own (an FSDP save blocks ~0.5 s)
 GPT = ["model.name=gpt", "model.hidden=64", "model.depth=2", "model.heads=4", "model.seq_len=32",
-       "data.dataset_size=1024", "trainer.lr=3e-3", "trainer.log_every=2", "trainer.steps=12",
+       "data.dataset_size=1024", "trainer.lr=3e-3", "trainer.log_every=2", "trainer.steps=8",
        "wandb.mode=disabled"]  # W&B is tests/test_metrics_runs.py's (tests/helpers.py QUIET)
 # Inductor checks that this machine's compiler builds and loads each vector ISA the CPU's flags name, in a new
 # Python process per ISA and worker: ~4 CPU-s of the compile test's launch. Its answer is known here (the
