@@ -10,7 +10,7 @@ Tolerance: losses agree to a relative 1e-5 per step, gradient norms to 1e-4. Str
 same float32 numbers in a different order (all-reduce across ranks, sharded matmuls in tensor
 parallel, microbatches in the pipeline, reduce-scatter in FSDP), which changes the last bits
 (about 1e-7 relative per operation; measured up to 2.4e-7 for losses and 1e-7 for norms after the
-10 steps here, 1.5e-7 for losses after 20); Adam normalises updates, so such differences do not
+10 steps here; 1.5e-7 for losses after 20 steps without clipping); Adam normalises updates, so such differences do not
 grow much. A real bug (wrong shard, a microbatch counted twice) moves the loss by far more than
 1e-5. Adam's update hardly changes when every gradient is scaled alike, so a bug that only scales
 them (a missing average) shows in the norm rather than in the loss.
@@ -95,7 +95,7 @@ def test_every_strategy_at_2_workers_matches_the_single_process_reference(compar
 
 def test_clipped_gradient_norm_is_the_single_process_norm_under_fsdp_and_tensor(compared, reference):
     """Sharded gradients (DTensors) clip by the norm of the full tensors: each strategy's norms and losses are the
-    single process's at every step (test_every_strategy_... checks all six; these two are the ones that shard)."""
+    single process's at every step (assert_same_run holds every run to the norms; these two shard the gradients)."""
     assert reference["summary"]["max_grad_norm"] == CLIP and min(reference["grad_norms"]) > CLIP  # clipped every step
     for strategy in ("fsdp", "tensor"):
         run_dir = Path(compared["rows"][strategy]["run_dir"])
