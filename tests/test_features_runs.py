@@ -10,15 +10,21 @@ from tests.helpers import REPO, launcher_env, only_run_dir, read_metrics, read_s
 
 pytestmark = pytest.mark.timeout(300)
 
+# 8 steps: the loss is at 0.73 of step 2's by then (bf16 and fp32 alike; the bf16 test asks for 0.9), and no run
+# reaches step 11, where checkpoint.every_steps=auto times a save of its own (an FSDP save blocks ~0.5 s)
 GPT = ["model.name=gpt", "model.hidden=64", "model.depth=2", "model.heads=4", "model.seq_len=32",
-       "data.dataset_size=1024", "trainer.lr=3e-3", "trainer.log_every=2", "trainer.steps=12",
+       "data.dataset_size=1024", "trainer.lr=3e-3", "trainer.log_every=2", "trainer.steps=8",
        "wandb.mode=disabled"]  # W&B is tests/test_metrics_runs.py's (tests/helpers.py QUIET)
+# Inductor checks that this machine's compiler builds and loads each vector ISA the CPU's flags name, in a new
+# Python process per ISA and worker: ~4 CPU-s of the compile test's launch. Its answer is known here (the
+# suite has compiled on these machines throughout): TORCHINDUCTOR_VEC_ISA_OK=1 skips the check, not the ISA.
+VEC_ISA_OK = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
 MLP = ["model.hidden=64", "model.depth=2", "model.in_dim=32", "data.dataset_size=1024", "trainer.steps=8", "wandb.mode=disabled"]
 
 
-def train(tmp_path_factory, *overrides, gpus=2):
+def train(tmp_path_factory, *overrides, gpus=2, env=None):
     out = tmp_path_factory.mktemp("run")
-    result = run_launcher(["--gpus", str(gpus), f"output_dir={out}", *overrides], cwd=out, timeout=240)
+    result = run_launcher(["--gpus", str(gpus), f"output_dir={out}", *overrides], cwd=out, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(out)
     log = (run_dir / "logs" / "rank-0.log").read_text()
@@ -83,13 +89,8 @@ def test_memory_per_rank_in_metrics_and_summary(runs):
     assert len(summary["rss_bytes_per_rank"]) == 2 and min(summary["rss_bytes_per_rank"]) > 0
 
 
-def test_clipped_gradient_norm_is_the_single_process_norm_under_fsdp_and_tensor(tmp_path_factory):
-    clip = ["trainer.max_grad_norm=0.2", "trainer.steps=4", "trainer.log_every=1"]
-    reference = train(tmp_path_factory, *GPT, *clip, "data.batch_size=16", gpus=1)
-    for strategy in ("fsdp", "tensor"):
-        summary, metrics, _ = train(tmp_path_factory, *GPT, *clip, "data.batch_size=8", f"trainer.strategy={strategy}")
-        assert [m["grad_norm"] for m in metrics] == pytest.approx([m["grad_norm"] for m in reference[1]], rel=1e-4), strategy
-        assert summary["final_loss"] == pytest.approx(reference[0]["final_loss"], rel=1e-4), strategy
+# The clipped norm under FSDP and tensor parallel against a single process's: tests/test_strategies.py, whose runs of
+# every strategy clip (3 launches less here).
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -115,7 +116,7 @@ def mlp_eager(tmp_path_factory):
 
 def test_compile_wraps_the_compiled_model_and_reports_compile_time_apart(tmp_path_factory, mlp_eager):
     eager = mlp_eager
-    summary, _, _ = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.compile=true")
+    summary, _, _ = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.compile=true", env=VEC_ISA_OK)
     assert summary["compile"] is True and summary["compiled_graphs"] >= 1  # DDP(compiled) really compiled
     assert summary["compile_time_s"] is not None and summary["first_step_time_s"] >= summary["compile_time_s"]
     assert summary["final_loss"] == pytest.approx(eager[0]["final_loss"], rel=1e-4)

@@ -8,18 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import command_line, descendants, finish_all, free_port, only_run_dir, read_summary, start_launcher, wait_gone
+from tests.helpers import (NO_WANDB, command_line, descendants, finish_all, free_port, only_run_dir, read_summary,
+                           start_launcher, wait_gone)
 
 pytestmark = pytest.mark.timeout(90)
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_hang.py"
 TIMEOUT_S = 3
 # After the allowance the verdict states: stack dumps, py-spy, stopping; generous for a loaded 2-core box.
 BOUND_S = 30
+# Every launch here leaves W&B out (NO_WANDB): a script's first optimizer step would start W&B's offline run, ~1.7 CPU-s
+# of a launch that checks nothing of it (W&B is tests/test_metrics_runs.py's and tests/test_script_metrics.py's).
 
 
 def launch(tmp_path, args, script_args):
     shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
-    proc = start_launcher([f"output_dir={tmp_path / 'runs'}", f"watchdog.timeout_s={TIMEOUT_S}", *args,
+    proc = start_launcher([f"output_dir={tmp_path / 'runs'}", f"watchdog.timeout_s={TIMEOUT_S}", *NO_WANDB, *args,
                            SCRIPT.name, *script_args], tmp_path)
     deadline = time.monotonic() + 30
     workers = []
@@ -106,7 +109,8 @@ def test_a_hang_on_node_1_is_named_on_node_0_across_machines(tmp_path):
     port = free_port()
     procs = [start_launcher(["--nodes", "2", "--gpus", "1", "--node-rank", str(k), "--master-addr", "127.0.0.1",
                              "--master-port", str(port), f"output_dir={tmp_path / f'machine{k}'}",
-                             f"watchdog.timeout_s={120 if k == 0 else TIMEOUT_S}", SCRIPT.name, "--hang", "1", "--at", "8"],
+                             f"watchdog.timeout_s={120 if k == 0 else TIMEOUT_S}", *NO_WANDB,
+                             SCRIPT.name, "--hang", "1", "--at", "8"],
                             tmp_path)
              for k in (0, 1)]
     out0, out1 = finish_all(procs, timeout=85)
@@ -142,7 +146,7 @@ def test_a_stuck_start_on_node_0_is_named_across_machines(tmp_path):
     port = free_port()
     procs = [start_launcher(["--nodes", "2", "--gpus", "1", "--node-rank", str(k), "--master-addr", "127.0.0.1",
                              "--master-port", str(port), f"output_dir={tmp_path / f'machine{k}'}",
-                             f"watchdog.timeout_s={TIMEOUT_S}", "watchdog.start_timeout_s=4", SCRIPT.name,
+                             f"watchdog.timeout_s={TIMEOUT_S}", "watchdog.start_timeout_s=4", *NO_WANDB, SCRIPT.name,
                              "--hang", "0", "--at", "0"], tmp_path, env={"LAUNCHER_RDZV_SECRET": "s3cret-for-this-test"})
              for k in (0, 1)]
     out0, out1 = finish_all(procs, timeout=85)
@@ -159,7 +163,8 @@ def test_a_stuck_start_on_node_0_is_named_across_machines(tmp_path):
 
 
 def test_steps_slower_than_the_timeout_are_not_a_hang(tmp_path):
-    proc, _ = launch(tmp_path, ["--gpus", "2", "watchdog.timeout_s=2"], ["--steps", "4", "--step-s", "4"])
+    # steps of 3 s against a timeout of 2 s; after the first step, two more are judged (4 steps of 4 s took 7 s more)
+    proc, _ = launch(tmp_path, ["--gpus", "2", "watchdog.timeout_s=2"], ["--steps", "3", "--step-s", "3"])
     out, = finish_all([proc], timeout=75)
     assert proc.returncode == 0, out
     assert read_summary(only_run_dir(tmp_path / "runs"))["status"] == "completed"

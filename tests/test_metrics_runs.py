@@ -18,31 +18,52 @@ def _grep_tree(root, needle: str):
     return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
 
 
-def test_metrics_and_one_offline_wandb_run_and_the_key_stays_secret(tmp_path):
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path}", "trainer.steps=20", "trainer.log_every=5",
-                           "wandb.tags=[a,b]", *QUICK], cwd=tmp_path, env={"WANDB_API_KEY": FAKE_KEY})
-    assert result.returncode == 0, result.stderr
-    run_dir = only_run_dir(tmp_path)
-    metrics = read_metrics(run_dir)
+@pytest.fixture(scope="module")
+def requeued_job(tmp_path_factory):
+    """One job on 2 workers with W&B's offline run and an API key in its environment, read as it ends; then continued
+    in its run directory as a requeue does, and run again without W&B or the comm hook. The metrics test reads the
+    first launch, the comm hook test all three (one launch less than a job of its own for each: ~6 CPU-s)."""
+    root = tmp_path_factory.mktemp("job")
+    env = {"WANDB_API_KEY": FAKE_KEY}
+    common = ["--gpus", "2", "trainer.steps=20", "trainer.log_every=5", "run_id=job1", *QUICK]
+    first = run_launcher([f"output_dir={root / 'a'}", "wandb.tags=[a,b]", *common], cwd=root, env=env)
+    assert first.returncode == 0, first.stderr
+    run_dir = root / "a" / "job1"
+    # what the requeue below changes: metrics.jsonl grows, summary.json is rewritten, a second W&B run appears
+    ended = {"metrics": read_metrics(run_dir), "summary": read_summary(run_dir),
+             "wandb_runs": sorted((run_dir / "wandb").glob("offline-run-*"))}
+    # continuing in the same run dir, as a requeue does (a new launch there is refused: only resume continues a run)
+    again = run_launcher(["resume", str(run_dir), "trainer.steps=24"], cwd=root, env=env)
+    plain = run_launcher([f"output_dir={root / 'b'}", "metrics.detailed=false", "wandb.mode=disabled", *common],
+                         cwd=root, env=env)
+    for r in (again, plain):
+        assert r.returncode == 0, r.stderr
+    return {"root": root, "run_dir": run_dir, "plain_dir": root / "b" / "job1", "ended": ended,
+            "outputs": [r.stdout + r.stderr for r in (first, again, plain)]}
+
+
+def test_metrics_and_one_offline_wandb_run_and_the_key_stays_secret(requeued_job):
+    run_dir, ended, output = requeued_job["run_dir"], requeued_job["ended"], requeued_job["outputs"][0]
+    metrics = ended["metrics"]
     assert [m["step"] for m in metrics] == [5, 10, 15, 20]
     for m in metrics:
         assert PHASE_KEYS <= set(m), PHASE_KEYS - set(m)
         assert 0 <= m["comm_share"] <= 1.5 and m["time_comm_s"] > 0, "DDP's all-reduce is timed on 2 workers"
         assert m["rss_peak_mb"] > 50 and 0 <= m["cpu_percent"] <= 100 and m["slowest_rank"] in (0, 1)
-    summary = read_summary(run_dir)
+    summary = ended["summary"]
     assert summary["rss_peak_mb"] > 50 and 0 < summary["comm_share"] < 1.5
     assert 0 < summary["metrics_overhead_share"] < 0.5  # measured, not asserted small: bench/ reports it
     assert "mfu_percent" not in summary and "CUDA" in summary["mfu_note"]
-    assert "ETA" in result.stderr + result.stdout  # plain progress lines off a terminal
+    assert "ETA" in output  # plain progress lines off a terminal
     # exactly one W&B run, from rank 0, inside the run directory, with the run id stored beside it
     run_id = (run_dir / "wandb_run_id").read_text().strip()
-    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    runs = ended["wandb_runs"]
     assert len(runs) == 1 and runs[0].name.endswith(run_id)
     assert b"samples_per_s" in next(runs[0].glob("*.wandb")).read_bytes()
     assert (runs[0] / "files" / "config.yaml").is_file() and (runs[0] / "files" / "metrics.jsonl").is_file()
-    # the key never reaches the run directory or the console
-    assert _grep_tree(tmp_path, FAKE_KEY) == []
-    assert FAKE_KEY not in result.stdout + result.stderr
+    # the key never reaches a run directory or the console (of this launch, its requeue, or the run without W&B)
+    assert _grep_tree(requeued_job["root"], FAKE_KEY) == []
+    assert all(FAKE_KEY not in out for out in requeued_job["outputs"])
 
 
 def test_a_checkpoint_save_is_not_counted_as_the_next_steps_data_wait(tmp_path):
@@ -60,21 +81,12 @@ def test_a_checkpoint_save_is_not_counted_as_the_next_steps_data_wait(tmp_path):
     assert phases < 0.1, summary  # each step of this model takes a few ms; 3 s over 17 steps would be 0.18
 
 
-def test_the_comm_hook_does_not_change_results_and_a_requeued_job_resumes_its_wandb_run(tmp_path):
-    common = ["--gpus", "2", "trainer.steps=12", "trainer.log_every=4", "run_id=job1", *QUICK]
-    timed = run_launcher([f"output_dir={tmp_path / 'a'}", *common], cwd=tmp_path)
-    run_dir = tmp_path / "a" / "job1"
-    timed_checksum = read_summary(run_dir)["param_checksum"] if timed.returncode == 0 else None
-    # continuing in the same run dir, as a requeue does (a new launch there is refused: only resume continues a run)
-    again = run_launcher(["resume", str(run_dir), "trainer.steps=16"], cwd=tmp_path)
-    plain = run_launcher([f"output_dir={tmp_path / 'b'}", "metrics.detailed=false", "wandb.mode=disabled", *common], cwd=tmp_path)
-    for r in (timed, again, plain):
-        assert r.returncode == 0, r.stderr
-    assert timed_checksum == read_summary(tmp_path / "b" / "job1")["param_checksum"]
+def test_the_comm_hook_does_not_change_results_and_a_requeued_job_resumes_its_wandb_run(requeued_job):
+    run_dir, plain_dir = requeued_job["run_dir"], requeued_job["plain_dir"]
+    assert requeued_job["ended"]["summary"]["param_checksum"] == read_summary(plain_dir)["param_checksum"]
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs), runs
-    plain_dir = tmp_path / "b" / "job1"
     assert not (plain_dir / "wandb").exists() and not (plain_dir / "wandb_run_id").exists()
     assert "time_comm_s" not in read_metrics(plain_dir)[0]
 

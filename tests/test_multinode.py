@@ -59,32 +59,46 @@ def test_two_simulated_jobs_at_once_do_not_collide(two_simulated_jobs):
     assert_one_job(read_summary(only_run_dir(outs[1])), 2, [[0], [1]])
 
 
-@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
-def test_two_node_agents_on_loopback(tmp_path, rendezvous):
+def two_agents_on_loopback(tmp_path, rendezvous, gpus):
+    """Two node agents (gpus[k] workers on node k) meeting on 127.0.0.1 at a rendezvous of that kind, like two
+    machines would; the run directory they share and its summary."""
     port = free_port()
     if rendezvous == "static":
         flags = [["--node-rank", str(k), "--master-addr", "127.0.0.1", "--master-port", str(port)] for k in (0, 1)]
     else:
         flags = [["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loop"]] * 2
-    procs = [start_launcher(["--nodes", "2", "--gpus", "2", "--rdzv-timeout", "60", f"output_dir={tmp_path}",
-                             *f, *STEPS], tmp_path) for f in flags]
+    procs = [start_launcher(["--nodes", "2", "--gpus", str(g), "--rdzv-timeout", "60", f"output_dir={tmp_path}",
+                             *f, *STEPS], tmp_path) for f, g in zip(flags, gpus)]
     logs = finish_all(procs, timeout=120)
     assert [p.returncode for p in procs] == [0, 0], logs
     run_dir = only_run_dir(tmp_path)  # both nodes derived the same run id
     assert run_dir.name == (f"job-127.0.0.1-{port}" if rendezvous == "static" else "job-loop")
-    summary = read_summary(run_dir)
-    assert_one_job(summary, 4, [[0, 1], [2, 3]])
+    return run_dir, read_summary(run_dir)
+
+
+@pytest.fixture(scope="module")
+def c10d_job(tmp_path_factory):
+    """A c10d job of a node with 1 worker and a node with 2: read by the loopback test's c10d case and the
+    different-worker-counts test (a pair of node agents costs ~10 CPU-s)."""
+    return two_agents_on_loopback(tmp_path_factory.mktemp("c10d"), "c10d", (1, 2))
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_node_agents_on_loopback(request, tmp_path, rendezvous):
+    if rendezvous == "static":
+        run_dir, summary = two_agents_on_loopback(tmp_path, rendezvous, (2, 2))
+        node_ranks = [[0, 1], [2, 3]]
+    else:  # c10d ranks the nodes in the order they joined: either node may be node 0
+        run_dir, summary = request.getfixturevalue("c10d_job")
+        node_ranks = [[0], [1, 2]] if len(summary["node_list"][0]["ranks"]) == 1 else [[0, 1], [2]]
+    world = sum(len(ranks) for ranks in node_ranks)
+    assert_one_job(summary, world, node_ranks)
     assert summary["rendezvous"] == rendezvous
-    assert sorted(p.name for p in (run_dir / "logs").glob("rank-*.log")) == [f"rank-{r}.log" for r in range(4)]
+    assert sorted(p.name for p in (run_dir / "logs").glob("rank-*.log")) == [f"rank-{r}.log" for r in range(world)]
 
 
-def test_c10d_admits_nodes_with_different_worker_counts(tmp_path):
-    port = free_port()
-    procs = [start_launcher(["--nodes", "2", "--gpus", str(g), "--rdzv-endpoint", f"127.0.0.1:{port}",
-                             "--rdzv-timeout", "60", f"output_dir={tmp_path}", *STEPS], tmp_path) for g in (1, 2)]
-    logs = finish_all(procs, timeout=120)
-    assert [p.returncode for p in procs] == [0, 0], logs
-    summary = read_summary(only_run_dir(tmp_path))
+def test_c10d_admits_nodes_with_different_worker_counts(c10d_job):
+    _, summary = c10d_job
     assert summary["world_size"] == 3 and len(set(summary["param_checksums"])) == 1
     assert sorted(len(n["ranks"]) for n in summary["node_list"]) == [1, 2]
     assert sorted(r for n in summary["node_list"] for r in n["ranks"]) == [0, 1, 2]

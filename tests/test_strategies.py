@@ -2,14 +2,18 @@
 
 Real multi-process CPU runs with gloo. One `compare` invocation runs all six strategies at 2
 workers (it is also what a user runs); its per-strategy metrics are checked against a
-single-process reference with the same seed and the same global batch.
+single-process reference with the same seed and the same global batch. Every run clips its
+gradients (trainer.max_grad_norm, below every step's norm): the norm each strategy logs is the
+one a single process computes, whatever the shards and stages.
 
-Tolerance: losses agree to a relative 1e-5 per step. Strategies sum the same float32 numbers in
-a different order (all-reduce across ranks, sharded matmuls in tensor parallel, microbatches in
-the pipeline, reduce-scatter in FSDP), which changes the last bits (about 1e-7 relative per
-operation, measured 1.5e-7 after 20 steps here); Adam normalises updates, so such differences do
-not grow much in 20 steps. A real bug (wrong shard, missing gradient average, a microbatch
-counted twice) moves the loss by far more than 1e-5.
+Tolerance: losses agree to a relative 1e-5 per step, gradient norms to 1e-4. Strategies sum the
+same float32 numbers in a different order (all-reduce across ranks, sharded matmuls in tensor
+parallel, microbatches in the pipeline, reduce-scatter in FSDP), which changes the last bits
+(about 1e-7 relative per operation; measured up to 2.4e-7 for losses and 1e-7 for norms after the
+10 steps here; 1.5e-7 for losses after 20 steps without clipping); Adam normalises updates, so such differences do not
+grow much. A real bug (wrong shard, a microbatch counted twice) moves the loss by far more than
+1e-5. Adam's update hardly changes when every gradient is scaled alike, so a bug that only scales
+them (a missing average) shows in the norm rather than in the loss.
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ from launcher.config.schema import STRATEGIES, load_config
 from launcher.errors import ConfigError
 from tests.helpers import only_run_dir, read_metrics, read_summary, run_launcher
 
-# compare runs 6 strategies one after another: 2-3 minutes alone, up to 7 beside the suite's other xdist workers
+# compare runs 6 strategies one after another: 1-2 minutes alone, up to 7 beside the suite's other xdist workers
 pytestmark = pytest.mark.timeout(600)
 
-STEPS = 20
+# 10 steps: FSDP's and tensor parallel's workers cost ~0.1 CPU-s a step each here (20 steps cost 4.5 CPU-s more)
+STEPS = 10
+CLIP = 0.2  # the single process's norm is 0.5-0.7 at every step: clipping scales every step's gradients
 GPT = ["model.name=gpt", "model.hidden=32", "model.depth=2", "model.heads=4", "model.seq_len=16",
        "data.dataset_size=1024", f"trainer.steps={STEPS}", "trainer.log_every=1", "trainer.lr=3e-3",
+       f"trainer.max_grad_norm={CLIP}",
        "wandb.mode=disabled"]  # W&B is tests/test_metrics_runs.py's (tests/helpers.py QUIET)
 GLOBAL_BATCH = 16
 RTOL = 1e-5
+NORM_RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +51,9 @@ def reference(tmp_path_factory) -> Dict[str, Any]:
     result = run_launcher(["--gpus", "1", f"output_dir={out}", f"data.batch_size={GLOBAL_BATCH}", *GPT], cwd=out)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(out)
-    return {"losses": [m["loss"] for m in read_metrics(run_dir)], "summary": read_summary(run_dir)}
+    metrics = read_metrics(run_dir)
+    return {"losses": [m["loss"] for m in metrics], "grad_norms": [m["grad_norm"] for m in metrics],
+            "summary": read_summary(run_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +68,13 @@ def compared(tmp_path_factory) -> Dict[str, Any]:
 
 
 def assert_same_run(run_dir: Path, reference: Dict[str, Any]) -> Dict[str, Any]:
-    losses = [m["loss"] for m in read_metrics(run_dir)]
+    metrics = read_metrics(run_dir)
+    losses = [m["loss"] for m in metrics]
     assert len(losses) == STEPS
     assert losses == pytest.approx(reference["losses"], rel=RTOL)
     assert losses[-1] < losses[0], "the loss must fall"
+    # the norm before clipping, the one clipping scales by: the single process's (shards combined, stages summed)
+    assert [m["grad_norm"] for m in metrics] == pytest.approx(reference["grad_norms"], rel=NORM_RTOL)
     summary = read_summary(run_dir)
     assert summary["global_batch_size"] == GLOBAL_BATCH
     for group in summary["replica_groups"]:  # replicas (the same stage in every pipeline) are identical
@@ -78,6 +91,19 @@ def test_every_strategy_at_2_workers_matches_the_single_process_reference(compar
     if strategy != "pipeline":  # every rank holds (or gathers) the whole model: it ends where the reference ends
         assert summary["param_checksum"] == pytest.approx(reference["summary"]["param_checksum"], rel=RTOL)
     assert summary["tokens_per_s"] == pytest.approx(summary["samples_per_s"] * 16)
+
+
+def test_clipped_gradient_norm_is_the_single_process_norm_under_fsdp_and_tensor(compared, reference):
+    """Sharded gradients (DTensors) clip by the norm of the full tensors: each strategy's norms and losses are the
+    single process's at every step (assert_same_run holds every run to the norms; these two shard the gradients)."""
+    assert reference["summary"]["max_grad_norm"] == CLIP and min(reference["grad_norms"]) > CLIP  # clipped every step
+    for strategy in ("fsdp", "tensor"):
+        run_dir = Path(compared["rows"][strategy]["run_dir"])
+        norms = [m["grad_norm"] for m in read_metrics(run_dir)]
+        assert norms == pytest.approx(reference["grad_norms"], rel=NORM_RTOL), strategy
+        summary = read_summary(run_dir)
+        assert summary["max_grad_norm"] == CLIP, strategy
+        assert summary["final_loss"] == pytest.approx(reference["summary"]["final_loss"], rel=NORM_RTOL), strategy
 
 
 def test_pipeline_times_data_parallel_at_4_workers_matches(tmp_path, reference):
@@ -139,7 +165,7 @@ def test_other_models_train_under_sharded_strategies(tmp_path, model, strategy):
     result = run_launcher(["--gpus", "2", f"output_dir={tmp_path}", f"model.name={model}", f"trainer.strategy={strategy}",
                            "model.hidden=32", "model.depth=2", "model.in_dim=16", "model.channels=8", "model.image_size=8",
                            "data.dataset_size=512", "data.batch_size=16", "trainer.steps=30", "trainer.log_every=10",
-                           "trainer.lr=3e-3"], cwd=tmp_path)
+                           "trainer.lr=3e-3", "wandb.mode=disabled"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     metrics = read_metrics(only_run_dir(tmp_path))
     assert metrics[-1]["loss"] < metrics[0]["loss"]
