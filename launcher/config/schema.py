@@ -227,8 +227,8 @@ def load_config(config_file: Optional[str] = None, overrides: Optional[List[str]
         # the key alone names an override: an unknown key's value may be a secret typed in the wrong place
         layers.append((f"override {key}=...", layer))
     for where, layer in layers:
-        try:  # in place: OmegaConf.merge deep-copies the whole config first, each time (half of the resolution's CPU)
-            merged.merge_with(layer)
+        try:  # unsafe_merge: in place; OmegaConf.merge deep-copies the whole config each time (half the CPU)
+            merged = OmegaConf.unsafe_merge(merged, layer)
         except OmegaConfBaseException as e:
             raise ConfigError(_explain(where, e, layer)) from e
     cfg = OmegaConf.to_object(merged)
@@ -394,9 +394,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     """Rebuild a Config from to_dict() output (as shipped to workers or read from a run)."""
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.structured(Config)
-    merged.merge_with(data)  # in place: OmegaConf.merge would deep-copy the fresh defaults first
-    cfg = OmegaConf.to_object(merged)
+    cfg = OmegaConf.to_object(OmegaConf.unsafe_merge(OmegaConf.structured(Config), data))  # (in place: no deep copy)
     assert isinstance(cfg, Config)
     return cfg
 
