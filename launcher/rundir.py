@@ -113,6 +113,23 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def read_node_record(run_dir: Path, node: Optional[int]) -> Dict[str, Any]:
+    """nodes/node-K.json as that node's launcher wrote it (launcher.backends.node), read back from a shared folder and
+    so checked: {} where it is missing, a link or no record; a status, error or root cause of the wrong shape left out."""
+    try:
+        record = json.loads(safefs.read_bytes(str(run_dir / "nodes" / f"node-{node}.json"), root=str(run_dir)))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    checked = {k: v for k, v in record.items() if k not in ("status", "error", "root_cause")}
+    checked.update({k: record[k] for k in ("status", "error") if isinstance(record.get(k), str)})
+    cause = record.get("root_cause")
+    if isinstance(cause, dict) and isinstance(cause.get("rank"), int) and not isinstance(cause.get("rank"), bool):
+        checked["root_cause"] = cause
+    return checked
+
+
 def build_summary(base: Dict[str, Any], rank0: Dict[str, Any] | None) -> Dict[str, Any]:
     """The launcher's facts (status, sizes, wall time) merged with rank 0's training figures."""
     summary: Dict[str, Any] = {key: None for key in SUMMARY_KEYS}

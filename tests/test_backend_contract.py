@@ -159,7 +159,9 @@ def script_job(backend) -> Job:
 def failing_job(backend) -> Job:
     # W&B is outside this contract: the successful and the Ctrl-C'd script jobs keep the default offline run
     # (started and ended on every backend); here it would only cost its service's start-up
-    fails = script("--fail-rank", "1")
+    # the other ranks compute on for a few seconds: the launcher stops them before they see their peer gone
+    # (a Ray driver stops the other node agents; node 0 must still say the job failed, and why)
+    fails = script("--fail-rank", "1", "--peers-late", "4")
     return run_job(backend, "script-fails", lambda out: ["wandb.mode=disabled", *fails(out)])
 
 

@@ -27,7 +27,7 @@ from launcher.config.rendezvous import split_endpoint
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
-from launcher.rundir import finish, one_line_summary, prepare_run_dir, read_json, summary_base
+from launcher.rundir import finish, one_line_summary, prepare_run_dir, read_json, read_node_record, summary_base
 
 log = logging.getLogger("launcher")
 STOP_GRACE_S = 45.0  # a node's agent may wait 30 s for workers stuck in init (FACTS.md) before it kills them
@@ -111,7 +111,7 @@ class NodeSupervisor:
                     if self._goes_on_without(k, code, codes):
                         continue
                     self.failed_node = k
-                    if _node_record(Path(self.plan.run_dir), k).get("status") == "hung":
+                    if read_node_record(Path(self.plan.run_dir), k).get("status") == "hung":
                         log.info(f"node {k} caught a hang; waiting up to {HANG_PEERS_S:g}s for the other nodes' watchdogs")
                         self._wait_all(HANG_PEERS_S)
                     log.info(f"node {k} {_how_it_ended(code)}; stopping the other nodes")
@@ -182,8 +182,8 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
         log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
         return code
     hangs = _hangs(run_dir, plan.nodes)
-    cause = _node_record(run_dir, failed_node).get("root_cause")
-    if "root_cause" not in base and isinstance(cause, dict) and isinstance(cause.get("rank"), int):  # read back: its shape checked
+    cause = read_node_record(run_dir, failed_node).get("root_cause")
+    if "root_cause" not in base and cause is not None:  # read back, its shape checked (read_node_record)
         # node 0 had not seen its own rank fail when it was stopped (it ended "interrupted", with no root cause):
         # the node that failed first names the rank, as `ls`, `logs` and the board lead with it
         base["root_cause"] = cause
@@ -225,21 +225,13 @@ def _how_it_ended(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _node_record(run_dir: Path, node: Optional[int]) -> Dict[str, Any]:
-    try:
-        record = read_json(run_dir / "nodes" / f"node-{node}.json")
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
 def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
-    error = _node_record(run_dir, node).get("error")
+    error = read_node_record(run_dir, node).get("error")
     return f"node {node}: {error}" if error else None
 
 
 def _hangs(run_dir: Path, nodes: int) -> Optional[str]:
     """Every node's hang verdict, node by node: 'node 0: hang: ... | node 1: hang: ...' (None if no node hung)."""
-    found = {k: str(_node_record(run_dir, k).get("error")) for k in range(nodes)
-             if _node_record(run_dir, k).get("status") == "hung"}
+    found = {k: str(read_node_record(run_dir, k).get("error")) for k in range(nodes)
+             if read_node_record(run_dir, k).get("status") == "hung"}
     return nodes_verdict(found) or None

@@ -1,12 +1,13 @@
 """A torchrun-style script for tests/test_backend_contract.py: records what each rank sees.
 
-    contract.py --out DIR [--fail-rank K] [--block]
+    contract.py --out DIR [--fail-rank K [--peers-late S]] [--block]
 
 Every rank prints "contract: hello from rank <RANK>", joins a gloo process group, all-reduces
 RANK + 1 and writes DIR/seen-<RANK>.json with its torchrun environment, its pid and the
 all-reduce result, then meets the others in a barrier. --fail-rank K: rank K raises
 RuntimeError("contract: rank K fails on purpose") instead of reaching the barrier (its peers then
-fail there, as the peers of a crashed rank do). --block: each rank writes DIR/ready-<RANK> (with
+fail there, as the peers of a crashed rank do); with --peers-late S they first compute for S seconds, so
+the launcher must stop them before they see it (a rank that crashes while the others train). --block: each rank writes DIR/ready-<RANK> (with
 its pid) and then all-reduces every 0.2 s, like a training loop, until it is stopped (for the
 Ctrl-C contract; it gives up after 600 s).
 """
@@ -35,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--peers-late", type=float, default=0.0)
     parser.add_argument("--block", action="store_true")
     args = parser.parse_args()
 
@@ -49,6 +51,8 @@ def main() -> None:
     write_json(os.path.join(args.out, f"seen-{rank}.json"), seen)
     if rank == args.fail_rank:
         raise RuntimeError(f"contract: rank {rank} fails on purpose")
+    if args.fail_rank >= 0:
+        time.sleep(args.peers_late)
     if args.block:  # like a training loop: a collective every 0.2 s, until the job is stopped
         write_json(os.path.join(args.out, f"ready-{rank}"), {"pid": os.getpid()})
         deadline = time.monotonic() + 600

@@ -24,7 +24,7 @@ from launcher.backends.ray.records import JOB_FILE, update_job
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict, to_dict
 from launcher.errors import ConfigError
-from launcher.rundir import read_json, write_json
+from launcher.rundir import read_json, read_node_record, write_json
 from launcher.runtime import env
 
 log = logging.getLogger("launcher")
@@ -36,6 +36,7 @@ class Attempt:
     codes: Dict[int, Optional[int]]  # node rank -> the node agent's exit code; None: its actor died
     dead: List[int]  # node ranks whose Ray node died
     interrupted: bool = False
+    first_failed: Optional[int] = None  # the node rank whose agent failed first (the driver then stopped the others)
 
 
 class RayJob:
@@ -103,7 +104,7 @@ class RayJob:
         from ray.exceptions import RayActorError
 
         codes: Dict[int, Optional[int]] = {}
-        pending, first_end, interrupted = list(refs), None, False
+        pending, first_end, interrupted, first_failed = list(refs), None, False, None
         while pending:
             ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=1.0)
             for ref in ready:
@@ -117,13 +118,14 @@ class RayJob:
                 self.stop_agents(self.stop_signal)
             if first_end is None and any(c != 0 for c in codes.values()):
                 first_end = time.monotonic()
+                first_failed = min(k for k, c in codes.items() if c != 0)
                 if pending:  # the others may be losing a dead peer: stop them so they end now
                     self.stop_agents(signal.SIGTERM)
             if first_end is not None and pending and time.monotonic() - first_end > self.cfg.ray.node_death_s:
                 break
         gone = cluster.dead_nodes(self.ray, placement.node_ids)
         dead = sorted({k for k, c in codes.items() if c is None} | {k for k, i in enumerate(placement.node_ids) if i in gone})
-        return Attempt(codes, dead, interrupted)
+        return Attempt(codes, dead, interrupted, first_failed)
 
     def stop_agents(self, signum: int) -> None:
         for actor in self.actors:
@@ -157,10 +159,23 @@ class RayJob:
         elif outcome.interrupted and summary.get("status") != "completed":  # the workers' own Ctrl-C is no failure
             summary["status"] = "interrupted"
             summary.pop("error", None)
+        elif summary.get("status") == "interrupted" and outcome.first_failed is not None:
+            failed_first(summary, self.run_dir, outcome.first_failed, outcome.codes.get(outcome.first_failed))
         write_json(path, summary)
         state = {"completed": "COMPLETED", "interrupted": "CANCELLED"}.get(summary.get("status"), "FAILED")
         update_job(self.run_dir, {"state": state})
         return {"COMPLETED": 0, "CANCELLED": 130}[state] if state != "FAILED" else 1
+
+
+def failed_first(summary: Dict[str, Any], run_dir: Path, node: int, code: Optional[int]) -> None:
+    """The verdict of a job one of whose nodes failed: node 0, stopped by the driver (watch) before it saw its own ranks
+    fail, wrote "interrupted"; the job failed, as the node that failed first says (its rank and error, as a simulated
+    job's supervisor names them)."""
+    record = read_node_record(run_dir, node)
+    summary["status"] = "failed"
+    summary["error"] = record.get("error") or f"node {node} failed (its node agent's exit code {code})"
+    if "root_cause" in record and "root_cause" not in summary:
+        summary["root_cause"] = record["root_cause"]
 
 
 def runtime_env(cfg: Config, environ: Mapping[str, str]) -> Optional[Dict[str, Any]]:
