@@ -60,7 +60,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def zygote_kind(argv: List[str]) -> Optional[str]:
     """The workers' kind ("trainer" or "script") where argv is a valid launch whose workers fork here; None otherwise
-    (a subcommand, bad input, --dry-run, a SLURM or Ray job, start method spawn, a simulated job's coordinator).
+    (a subcommand, --dry-run, a SLURM or Ray job, start method spawn, a simulated job's coordinator); bad input raises,
+    the launch's own pre-torch checks included (launcher.backends.dispatch.refuse_before_torch).
     launcher.prestart asks it first, quietly, to decide whether to exec; main() then does it all again for real."""
     if argv and (argv[0] in COMMANDS or catalog.mistyped(argv[0], COMMANDS)):
         return None
@@ -71,6 +72,9 @@ def zygote_kind(argv: List[str]) -> Optional[str]:
     cfg = adopt_allocation(resolve_config(args, config_overrides(args), script_spec(args, script)))
     if registry.for_config(cfg).submits or cfg.launcher.start_method == "spawn" or launch_mode(cfg) == "simulated":
         return None
+    from launcher.backends.dispatch import refuse_before_torch  # (loaded by the launch after the exec anyway)
+
+    refuse_before_torch(cfg)  # what launch() refuses without torch: refused here, then, with no exec
     return "trainer" if cfg.script.path is None else "script"
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from launcher import cli, prestart
 from launcher.errors import ConfigError
+from launcher.plan import no_gpu_here
 from tests.helpers import NO_WANDB, QUIET, catches, communicate_bounded, group_processes, kill_group, launcher_env, \
     wait_gone
 
@@ -41,7 +42,7 @@ dist.destroy_process_group()
     (["--gpus", "2", "t.py", "--lr", "1"], "script"),
     (["-m", "json.tool"], "script"),
     (["--config", "job.yaml"], "script"),  # the script named in a config file
-    (["--nodes", "2", "--node-rank", "1", "--master-addr", "h"], "trainer"),  # one machine of several: its own workers
+    (["--nodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"], "trainer"),  # one machine of several: its own workers
     (["ls"], None), (["resume", "x"], None), (["lss"], None),  # a subcommand, or a typo of one
     (["--dry-run", "t.py"], None), (["--show-config"], None), (["t.py", "--dry-run"], "script"),  # its own flag
     (["--nodes", "2"], None), (["--nodes=1:3"], None),  # a simulated job's coordinator starts no worker itself
@@ -55,9 +56,19 @@ def test_which_launches_fork_their_zygote_at_the_start_and_for_what(tmp_path, mo
     assert cli.zygote_kind(args) == kind
 
 
-def test_bad_input_is_not_a_launch_to_fork_for():
+@pytest.mark.parametrize("args", [
+    ["model.hiden=64"],  # a config key
+    ["output_dir=afile/runs"],  # under a file: launch() refuses it before torch loads, so prestart must not load it
+    pytest.param(["--gpus", "200", "t.py"], marks=pytest.mark.skipif(  # more CPU workers than this machine takes
+        not no_gpu_here(), reason="where a GPU may be, the plan asks torch: launch() refuses it after the exec")),
+    ["--nodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--rdzv-secret-file", "empty.secret"],
+])
+def test_bad_input_is_not_a_launch_to_fork_for(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    for name in ("t.py", "afile", "empty.secret"):
+        (tmp_path / name).write_text("")
     with pytest.raises((SystemExit, ConfigError)):  # exec_with_zygote then leaves it to the launcher, torch unloaded
-        cli.zygote_kind(["model.hiden=64"])
+        cli.zygote_kind(args)
 
 
 def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):

@@ -24,7 +24,7 @@ from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.objectstore import runrecord
-from launcher.plan import LaunchPlan, build_plan, detect_hardware, new_run_id
+from launcher.plan import LaunchPlan, build_plan, detect_hardware, new_run_id, no_gpu_here
 from launcher.rundir import check_can_create, create_run_dir, finish, summary_base
 from launcher.runlock import check_not_a_finished_run, claim
 from launcher.runtime import safefs
@@ -98,6 +98,21 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
             staging.keep()  # the upload said where its record is kept
         elif upload is None and not getattr(session, "files_at_head", True):
             staging.keep(f"this node's run directory is kept in {made}: not all of its files reached the head")
+
+
+def refuse_before_torch(cfg: Config) -> None:
+    """launch()'s refusals that need neither torch nor the network, for launcher.cli.zygote_kind to ask before
+    launcher.prestart's exec (which loads torch first): a launch refused here is not exec'd, and launch() refuses it
+    in this process, as before, in its own order and words, without torch (an unwritable output_dir, too many
+    CPU workers, an empty rendezvous secret file: 0.3 CPU-s instead of ~3). Writes nothing, contacts nothing."""
+    refuse_planted_links(cfg)
+    if not no_gpu_here():
+        return  # the plan asks torch how many GPUs there are: launch() checks it after the exec
+    top = runrecord.staging_top(cfg.output_dir, make=False) if is_url(cfg.output_dir) else None
+    backend, plan = plan_launch(cfg, launch_mode(cfg), top)
+    backend.check_before_start(plan)
+    if top is None:
+        check_can_create(cfg.output_dir)
 
 
 def refuse_planted_links(cfg: Config) -> None:
