@@ -13,7 +13,7 @@ import pytest
 
 from launcher.board.views import heatmap, inside
 from tests.board_helpers import Board, board, browser_page, get, get_json, needs_browser
-from tests.helpers import QUIET, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
+from tests.helpers import NO_WANDB, QUIET, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = REPO / "tests" / "scripts"
@@ -124,12 +124,14 @@ def test_the_run_api_has_every_rank_step_times_and_memory(runs):
 
 @pytest.fixture(scope="module")
 def script_runs(tmp_path_factory) -> Path:
-    """One real run of a user's DDP script (no launcher code but launcher.log calls): its board page."""
+    """One real run of a user's DDP script (no launcher code but launcher.log calls): its board page. Without W&B's
+    offline run (~2 CPU-s and ~3 s): the board reads the run's own files, and a script's W&B run with its
+    launcher.log series is tests/test_script_metrics.py's."""
     out = tmp_path_factory.mktemp("board-script")
     (out / "o").mkdir()
-    result = run_launcher(["--gpus", "2", f"output_dir={out / 'runs'}", "run_id=script", str(SCRIPTS / "ddp_loader.py"),
-                           "--out", str(out / "o"), "--epochs", "3", "--launcher-log", "--sleep", "0.005"],
-                          cwd=out, timeout=240)
+    result = run_launcher(["--gpus", "2", f"output_dir={out / 'runs'}", "run_id=script", *NO_WANDB,
+                           str(SCRIPTS / "ddp_loader.py"), "--out", str(out / "o"), "--epochs", "3", "--launcher-log",
+                           "--sleep", "0.005"], cwd=out, timeout=240)
     assert result.returncode == 0, result.stderr
     return out / "runs"
 

@@ -19,7 +19,7 @@ STEPS = 40
 JOB = ["--gpus", "2", f"trainer.steps={STEPS}", "checkpoint.every_steps=8", "trainer.log_every=4", *QUICK]
 # The same job without W&B's offline run (~3 CPU-s a launch; the same weights either way): nothing here checks W&B
 # (tests/test_metrics_runs.py does), so only the reference, the run that trains into its checkpoints and the
-# raising-rank test (a W&B run across an in-job restart) keep it
+# raising-rank job's first launch (a W&B run across an in-job restart) keep it
 QUIET_JOB = [*JOB[:-len(QUICK)], *QUIET]
 
 
@@ -39,18 +39,37 @@ def assert_same_training(summary, uninterrupted):
     assert len(set(summary["param_checksums"])) == 1
 
 
-def test_a_raising_rank_is_restarted_and_resumes(tmp_path, uninterrupted):
-    result = run_launcher([*JOB, f"output_dir={tmp_path}", "--max-restarts", "1"], cwd=tmp_path,
-                          env={"LAUNCHER_INJECT_FAULT": "rank=1,step=13"})
-    assert result.returncode == 0, result.stderr
-    assert "attempt 0: rank 1 failed: exit code 1: InjectedFault: injected fault on rank 1 at step 13" in result.stderr
-    run_dir = only_run_dir(tmp_path)
-    summary = read_summary(run_dir)
+@pytest.fixture(scope="module")
+def restarted_then_resumed(tmp_path_factory):
+    """One 20-step job whose rank 1 raises at step 13 and is restarted from step 8 (W&B's default offline run across
+    the in-job restart), then `resume`d in place to STEPS: the raising-rank test reads the first launch (its outcome
+    is read before the resume), the resume test the second; two launches, not three (as tests/test_exact_resume.py).
+    A drift at either shows in the final weights. The resume runs without W&B (W&B's resumed run is
+    tests/test_metrics_runs.py's)."""
+    tmp = tmp_path_factory.mktemp("restarted")
+    first = run_launcher([*JOB, f"output_dir={tmp}", "trainer.steps=20", "--max-restarts", "1"], cwd=tmp,
+                         env={"LAUNCHER_INJECT_FAULT": "rank=1,step=13"})
+    assert first.returncode == 0, first.stderr
+    run_dir = only_run_dir(tmp)
+    restarted = {"result": first, "summary": read_summary(run_dir), "metrics": [m["step"] for m in read_metrics(run_dir)],
+                 "log": (run_dir / "logs" / "rank-1.attempt-1.log").read_text()}
+    resumed = run_launcher(["resume", str(run_dir), f"trainer.steps={STEPS}", "wandb.mode=disabled"], cwd=tmp)
+    return restarted, resumed, tmp, run_dir
+
+
+def test_a_raising_rank_is_restarted_and_resumes(restarted_then_resumed, uninterrupted):
+    restarted, _, _, run_dir = restarted_then_resumed
+    assert "attempt 0: rank 1 failed: exit code 1: InjectedFault: injected fault on rank 1 at step 13" in \
+        restarted["result"].stderr
+    summary = restarted["summary"]
+    assert (summary["status"], summary["steps"]) == ("completed", 20), summary
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 8
-    assert_same_training(summary, uninterrupted)
-    assert "resumed from" in (run_dir / "logs" / "rank-1.attempt-1.log").read_text()
+    assert len(set(summary["param_checksums"])) == 1
+    assert "resumed from" in restarted["log"]
     # the steps redone after the restart are logged once
-    assert [m["step"] for m in read_metrics(run_dir)] == list(range(4, STEPS + 1, 4))
+    assert restarted["metrics"] == list(range(4, 21, 4))
+    # and the job goes on (the resume test's second launch) to the uninterrupted run's weights
+    assert_same_training(read_summary(run_dir), uninterrupted)
 
 
 @pytest.mark.timeout(300)
@@ -153,14 +172,11 @@ def wait_for_hang(output_dir, timeout=90, log="rank-1.log"):
     return wait_for_line(output_dir, "injected hang", timeout, log)
 
 
-def test_resume_command_continues_a_finished_run_in_place(tmp_path, uninterrupted):
-    first = run_launcher([*QUIET_JOB, f"output_dir={tmp_path}", "trainer.steps=20"], cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    run_dir = only_run_dir(tmp_path)
-    result = run_launcher(["resume", str(run_dir), f"trainer.steps={STEPS}"], cwd=tmp_path)
+def test_resume_command_continues_a_finished_run_in_place(restarted_then_resumed, uninterrupted):
+    _, result, tmp, run_dir = restarted_then_resumed
     assert result.returncode == 0, result.stderr
     assert "resuming run" in result.stderr and "from step-00000020 (step 20)" in result.stderr
-    assert only_run_dir(tmp_path) == run_dir  # same directory, no new run
+    assert only_run_dir(tmp) == run_dir  # same directory, no new run
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] == 20
     assert_same_training(summary, uninterrupted)

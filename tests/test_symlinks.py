@@ -105,8 +105,9 @@ def test_a_run_directory_that_is_a_symlink_is_refused_with_nothing_created(tmp_p
 
 @pytest.fixture(scope="module")
 def linked_out_run(tmp_path_factory):
-    """One real run through an output_dir that is a symlink, with a link planted as its first checkpoint's temp:
-    shared by the two tests below (each reads what it checks), as each setup is untouched by the other."""
+    """One real 2-rank run through an output_dir that is a symlink, with a link planted as its first checkpoint's
+    temp: shared by the three tests below (each reads what it checks; the board's plants its links in a copy of
+    the run), as each setup is untouched by the others."""
     tmp_path = tmp_path_factory.mktemp("linked-out")
     real = tmp_path / "real-out"
     link = tmp_path / "out-link"
@@ -117,7 +118,7 @@ def linked_out_run(tmp_path_factory):
     ckpts = real / "r" / "checkpoints"
     ckpts.mkdir(parents=True)
     (ckpts / ".tmp-step-00000002").symlink_to(target_dir)
-    done = quick_run(link, "r", "checkpoint.every_steps=2")
+    done = quick_run(link, "r", "checkpoint.every_steps=2", "--gpus", "2")
     return real, target_dir, done
 
 
@@ -139,15 +140,16 @@ def test_a_link_planted_as_a_checkpoint_temp_is_removed_and_the_save_goes_on(lin
     assert os.listdir(target_dir) == ["keep.txt"] and (target_dir / "keep.txt").read_bytes() == VICTIM_TEXT
 
 
-def test_the_board_serves_nothing_through_a_planted_link(tmp_path):
+def test_the_board_serves_nothing_through_a_planted_link(tmp_path, linked_out_run):
     pytest.importorskip("flask")
     secret = tmp_path / "secret.log"
     secret.write_text("SECRET-LINE\n")
     secret_json = tmp_path / "secret.json"
     secret_json.write_text(json.dumps({"status": "SECRET-STATUS"}) + "\n")
-    out = tmp_path / "runs"
-    done = quick_run(out, "r", "--gpus", "2")
+    real, _, done = linked_out_run
     assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "runs"
+    shutil.copytree(real / "r", out / "r", symlinks=True)  # a real 2-rank run's files, the links planted in them
     logs = out / "r" / "logs"
     (logs / "rank-0.log").unlink()
     (logs / "rank-0.log").symlink_to(secret)
