@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, kill_group, launcher_env, run_launcher
+from tests.helpers import QUIET, kill_group, launcher_env, run_launcher
 from tests import test_slurm
 
 runs, slurm_env = test_slurm.runs, test_slurm.slurm_env  # its fixtures: the cluster, and jobs cancelled after
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slurm]
 @pytest.mark.timeout(400)
 def test_a_slurm_job_is_listed_followed_by_job_id_and_records_its_environment(runs, slurm_env):
     submit = run_launcher(["--cluster", "slurm", "--nodes", "2", "--gpus", "1", "slurm.time_min=5", f"output_dir={runs}",
-                           "run_id=sj", *QUICK, "trainer.steps=300", "trainer.log_every=50"], cwd=runs, timeout=120,
+                           "run_id=sj", *QUIET, "trainer.steps=100", "trainer.log_every=50"], cwd=runs, timeout=120,
                           env=slurm_env)
     assert submit.returncode == 0, submit.stderr
     job_id = json.loads((runs / "sj" / "job.json").read_text())["job_id"]
@@ -38,14 +38,14 @@ def test_a_slurm_job_is_listed_followed_by_job_id_and_records_its_environment(ru
     finally:
         kill_group(follower)
     assert follower.returncode == 0, err
-    assert "[rank0]: step 300/300" in followed and "[rank1]: rank 1/2" in followed
+    assert "[rank0]: step 100/100" in followed and "[rank1]: rank 1/2" in followed
     deadline = time.monotonic() + 60
     while True:  # sacct may say COMPLETED a moment before the node launchers let go of their locks
         row = json.loads(run_launcher(["ls", str(runs), "--json"], cwd=runs, timeout=60, env=slurm_env).stdout)[0]
         if row["status"] != "running" or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert (row["status"], row["step"], row["steps"]) == ("completed", 300, 300)
+    assert (row["status"], row["step"], row["steps"]) == ("completed", 100, 100)
     record = json.loads(next((runs / "sj" / "env").glob("*.json")).read_text())
     assert record["env"]["SLURM_JOB_ID"] == str(job_id) and record["torch"]["version"]
 
@@ -53,7 +53,7 @@ def test_a_slurm_job_is_listed_followed_by_job_id_and_records_its_environment(ru
 @pytest.mark.timeout(300)
 def test_ls_slurm_asks_sacct_about_a_job_cancelled_before_it_wrote_anything(runs, slurm_env):
     submit = run_launcher(["--cluster", "slurm", "--nodes", "1", "--gpus", "1", "slurm.time_min=5", f"output_dir={runs}",
-                           "run_id=gone", "slurm.extra={begin: now+600}", *QUICK], cwd=runs, timeout=120, env=slurm_env)
+                           "run_id=gone", "slurm.extra={begin: now+600}", *QUIET], cwd=runs, timeout=120, env=slurm_env)
     assert submit.returncode == 0, submit.stderr
     job_id = json.loads((runs / "gone" / "job.json").read_text())["job_id"]
     deadline = time.monotonic() + 60

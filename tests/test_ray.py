@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import QUICK, REPO, free_port, read_metrics, read_summary, run_launcher
+from tests.helpers import NO_WANDB, QUICK, REPO, free_port, read_metrics, read_summary, run_launcher
 from tests.ray_cluster import ray_cluster, ray_env
 from tests.ray_launches import SLOW_FROM_10, launch_once, line
 
@@ -40,8 +40,9 @@ def only_dir(runs: Path) -> Path:
 def test_a_torchrun_tutorial_script_runs_unchanged_on_two_ray_nodes_and_matches_a_local_run(ray2, tmp_path):
     ray_out, local_out = tmp_path / "ray-out", tmp_path / "local-out"
     ray_out.mkdir(), local_out.mkdir()
+    # no W&B run (nothing of W&B is checked here; tests/test_backend_contract.py runs Ray jobs with the default one)
     done = run_launcher(["--cluster", "ray", "--nodes", "2", "--gpus", "2", "--wait", f"output_dir={tmp_path / 'runs'}",
-                         str(TUTORIAL), "--out", str(ray_out)], cwd=tmp_path, timeout=240, env=ray_env(ray2))
+                         *NO_WANDB, str(TUTORIAL), "--out", str(ray_out)], cwd=tmp_path, timeout=240, env=ray_env(ray2))
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "Traceback" not in done.stderr
     run_dir = only_dir(tmp_path / "runs")
@@ -56,7 +57,7 @@ def test_a_torchrun_tutorial_script_runs_unchanged_on_two_ray_nodes_and_matches_
     assert job["state"] == "COMPLETED" and job["cluster"] == "ray"
     secretish = [p for p in run_dir.rglob("*") if p.is_file() and "LAUNCHER_RDZV_SECRET=" in p.read_text(errors="replace")]
     assert secretish == []
-    local = run_launcher(["--gpus", "4", f"output_dir={tmp_path / 'local'}", str(TUTORIAL), "--out", str(local_out)],
+    local = run_launcher(["--gpus", "4", f"output_dir={tmp_path / 'local'}", *NO_WANDB, str(TUTORIAL), "--out", str(local_out)],
                          cwd=tmp_path, timeout=180)
     assert local.returncode == 0, local.stderr[-2000:]
     ray_result, local_result = (json.loads((d / "result.json").read_text()) for d in (ray_out, local_out))

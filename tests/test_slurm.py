@@ -16,13 +16,15 @@ from typing import Dict, List
 
 import pytest
 
-from tests.helpers import QUICK, read_summary, run_launcher, slurm_unavailable
+from tests.helpers import NO_WANDB, QUIET, read_summary, run_launcher, slurm_unavailable
 
 pytestmark = [pytest.mark.slurm]
-# Long enough (about 12 s of training) that a signal lands mid-training; CPU, so results are exact.
-# 200 steps: enough for the parameters to tell a wrong split of the data (1200 before, 4 ranks each in SLURM and here:
-# ~25 CPU-s of the suite, most in SLURM's own processes); the time-limit and preemption tests set their own
-TRAIN = QUICK + ["trainer.steps=200", "trainer.log_every=50", "checkpoint.every_steps=100000", "seed=3"]
+# CPU, so results are exact. 200 steps: enough for the parameters to tell a wrong split of the data (1200 before,
+# 4 ranks each in SLURM and here: ~25 CPU-s of the suite, most in SLURM's own processes). The preemption and
+# time-limit tests run the same 200 steps (their first attempt slowed from step 50), so the preemption test ends
+# where the one local reference run does. No W&B run anywhere here (nothing of W&B is checked; the backend
+# contract, tests/test_backend_contract.py, runs SLURM jobs with the default offline run).
+TRAIN = QUIET + ["trainer.steps=200", "trainer.log_every=50", "checkpoint.every_steps=100000", "seed=3"]
 SUBMIT = ["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "slurm.time_min=5"]
 
 
@@ -155,7 +157,7 @@ dist.destroy_process_group()
 def test_a_user_script_runs_under_slurm(runs, slurm_env):
     script = runs / "user_train.py"
     script.write_text(SCRIPT)
-    result = run_launcher(SUBMIT + ["--wait", "--output-dir", str(runs), str(script)], cwd=runs, timeout=150, env=slurm_env)
+    result = run_launcher(SUBMIT + ["--wait", "--output-dir", str(runs), *NO_WANDB, str(script)], cwd=runs, timeout=150, env=slurm_env)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads(p.read_text()) for p in sorted(submitted(runs).glob("seen-*.json"))]
     assert [s["rank"] for s in seen] == [0, 1, 2, 3]
@@ -166,31 +168,31 @@ def test_a_user_script_runs_under_slurm(runs, slurm_env):
 
 
 # 2 nodes x 2 workers: 4 ranks, where the order of the ranks' additions matters; the requeued job must
-# still end bitwise where the uninterrupted local run does (tests/test_exact_resume.py has the local cases).
+# still end bitwise where the uninterrupted local run does (tests/test_exact_resume.py has the local cases):
+# the same TRAIN as local_reference, so that one local run serves both tests.
 PREEMPT = ["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "slurm.time_min=5"]
-PREEMPT_TRAIN = TRAIN + ["trainer.steps=600"]
-# rank 0 sleeps 1 s a step from step 200 of the first attempt (no CPU, no change to any number), so that
-# attempt is still running when the test preempts it whatever the machine's load, and the requeued one
-# runs the rest at full speed (with 2400 fast steps instead, the test took 276 s at the suite's load)
-SLOW_FIRST_ATTEMPT = {"LAUNCHER_INJECT_FAULT": "rank=0,step=200,action=slow"}
+# rank 0 sleeps 1 s a step from step 50 of the first attempt (no CPU, no change to any number), so that
+# attempt is still running when the test preempts it whatever the machine's load (150 slow steps left), and the
+# requeued one runs the rest at full speed (with 2400 fast steps instead, the test took 276 s at the suite's load)
+SLOW_FIRST_ATTEMPT = {"LAUNCHER_INJECT_FAULT": "rank=0,step=50,action=slow"}
 
 
 @pytest.mark.timeout(420)
-def test_preemption_checkpoints_requeues_and_resumes_to_the_same_parameters(runs, slurm_env, tmp_path_factory):
-    reference = run_locally(tmp_path_factory.mktemp("local4-600"), 4, PREEMPT_TRAIN)
-    result = run_launcher(PREEMPT + ["--output-dir", str(runs)] + PREEMPT_TRAIN, cwd=runs, timeout=60,
+def test_preemption_checkpoints_requeues_and_resumes_to_the_same_parameters(runs, slurm_env, local_reference):
+    reference = local_reference
+    result = run_launcher(PREEMPT + ["--output-dir", str(runs)] + TRAIN, cwd=runs, timeout=60,
                           env={**slurm_env, **SLOW_FIRST_ATTEMPT})
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
-    wait_for(lambda: log_has(run_dir / "logs" / "rank-0.log", "step 200/"), 180, "training to reach step 200")
+    wait_for(lambda: log_has(run_dir / "logs" / "rank-0.log", "step 50/"), 180, "training to reach step 50")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED"), 180, "the requeued job to finish")
     summary = read_summary(run_dir)
     assert job_state(job_id) == "COMPLETED", summary
-    assert summary["status"] == "completed" and summary["steps"] == 600 and summary["world_size"] == 4
+    assert summary["status"] == "completed" and summary["steps"] == 200 and summary["world_size"] == 4
     assert summary["slurm_requeues"] == 1 and summary["restarts"] >= 1
-    assert 200 <= summary["resumed_from_step"] < 600  # from the checkpoint USR2 made, not from scratch
+    assert 50 <= summary["resumed_from_step"] < 200  # from the checkpoint USR2 made, not from scratch
     # the first attempt's rank logs are kept: USR2 reached the trainer, which checkpointed
     assert "got SIGUSR2: checkpointing at the next step boundary" in (run_dir / "logs" / "slurm-attempt-0" / "rank-0.log").read_text()
     assert summary["param_checksums"] == reference["param_checksums"] and summary["final_loss"] == reference["final_loss"]
@@ -200,7 +202,7 @@ def test_preemption_checkpoints_requeues_and_resumes_to_the_same_parameters(runs
 @pytest.mark.timeout(180)
 def test_a_failing_rank_fails_the_job_and_names_the_rank(runs, slurm_env):
     env = {**slurm_env, "LAUNCHER_INJECT_FAULT": "rank=3,step=5"}
-    result = run_launcher(SUBMIT + ["--wait", "--output-dir", str(runs)] + QUICK + ["trainer.steps=50"],
+    result = run_launcher(SUBMIT + ["--wait", "--output-dir", str(runs)] + QUIET + ["trainer.steps=50"],
                           cwd=runs, timeout=150, env=env)
     assert result.returncode == 1
     assert "FAILED: rank 3 failed" in result.stderr and "InjectedFault" in result.stderr
@@ -215,7 +217,10 @@ def test_a_failing_rank_fails_the_job_and_names_the_rank(runs, slurm_env):
 
 @pytest.mark.timeout(180)
 def test_cancel_stops_a_running_job(runs, slurm_env):
-    result = run_launcher(SUBMIT + ["--output-dir", str(runs)] + QUICK + ["trainer.steps=1000000"], cwd=runs, timeout=60, env=slurm_env)
+    # from step 10 on rank 0 sleeps a second a step (the fault injector's slow rank): the job waits for the cancel
+    # without 4 ranks training at full speed meanwhile
+    result = run_launcher(SUBMIT + ["--output-dir", str(runs)] + QUIET + ["trainer.steps=1000000"], cwd=runs, timeout=60,
+                          env={**slurm_env, "LAUNCHER_INJECT_FAULT": "rank=0,step=10,action=slow"})
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
@@ -245,13 +250,13 @@ def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     The first attempt must still be running then whatever the load, and the requeued one must end in
     bounded time whatever the load (12000 steps at the suite's load took more than 420 s): rank 0 is
     slow from step 50 of the first attempt only (a 1 s sleep a step, no CPU), so that attempt cannot
-    finish 600 steps before the warning, and the requeued attempt runs the rest at full speed. Once it
+    finish its 200 steps before the warning (150 slow steps: 150 s at least), and the requeued attempt runs the rest at full speed. Once it
     has requeued, the test lifts the limit, so the rest runs to the end instead of being warned again.
     The warning's clock starts when the job runs: under the suite's load the job once waited for nodes
     long enough that a wait counted from the submission ran out before the warning was due."""
     env = {**slurm_env, "LAUNCHER_INJECT_FAULT": "rank=0,step=50,action=slow"}
     result = run_launcher(["--cluster", "slurm", "--nodes", "2", "--gpus", "2", "--output-dir", str(runs),
-                           "slurm.time_min=2", "slurm.signal_delay_s=70", "slurm.max_requeues=8"] + TRAIN + ["trainer.steps=600"],
+                           "slurm.time_min=2", "slurm.signal_delay_s=70", "slurm.max_requeues=8"] + TRAIN,
                           cwd=runs, timeout=60, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = submitted(runs)
@@ -268,8 +273,8 @@ def test_a_time_limit_requeues_and_the_job_completes(runs, slurm_env):
     wait_for(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240, "the job to finish")
     summary = read_summary(run_dir)
     assert job_state(job_id) == "COMPLETED", summary
-    assert summary["steps"] == 600 and summary["slurm_requeues"] >= 1
-    assert 1 <= summary["resumed_from_step"] < 600  # from the checkpoint the warning made, not from scratch
+    assert summary["steps"] == 200 and summary["slurm_requeues"] >= 1
+    assert 1 <= summary["resumed_from_step"] < 200  # from the checkpoint the warning made, not from scratch
     first = (run_dir / "logs" / "slurm-attempt-0" / "rank-0.log").read_text()
     assert "got SIGUSR2: checkpointing at the next step boundary" in first
 
@@ -282,7 +287,7 @@ def test_inside_an_allocation_srun_runs_one_node_per_task_without_submitting(run
 
     from tests.helpers import launcher_env
 
-    command = [sys.executable, "-m", "launcher", "--gpus", "2", "--output-dir", str(runs)] + QUICK + ["trainer.steps=20"]
+    command = [sys.executable, "-m", "launcher", "--gpus", "2", "--output-dir", str(runs)] + QUIET + ["trainer.steps=20"]
     script = f"srun --ntasks-per-node=1 {' '.join(shlex.quote(c) for c in command)}"
     done = subprocess.run(["sbatch", "--parsable", "-N", "2", "-o", str(runs / "batch-%j.out"), "--wrap", script],
                           cwd=runs, env=launcher_env(slurm_env), capture_output=True, text=True, timeout=30)

@@ -269,21 +269,22 @@ def sacct_tasks(array_id: str) -> List[str]:
 @pytest.mark.timeout(540)
 def test_a_slurm_sweep_is_one_job_array_and_a_failing_member_does_not_stop_the_others(slurm_out):
     listed = slurm_out / "members.txt"
-    listed.write_text("trainer.lr=0.01\ntrainer.lr=0.02\ntrainer.lr=0.03 checkpoint.dir=/dev/null/ckpt\n")
+    # two lines x two seeds: two members that complete, two that fail (a checkpoint dir that cannot be made)
+    listed.write_text("trainer.lr=0.01\ntrainer.lr=0.03 checkpoint.dir=/dev/null/ckpt\n")
     env = {"SLURM_CONF": os.environ["SLURM_CONF"]}
     result = run_launcher(["sweep", "--cluster", "slurm", "--list", str(listed), "seed=1,2", "--parallel", "2", "--wait",
-                           "--name", "arr", "--output-dir", str(slurm_out), *QUICK, "trainer.steps=10",
+                           "--name", "arr", "--output-dir", str(slurm_out), *QUIET, "trainer.steps=10",
                            "slurm.time_min=5"], cwd=slurm_out, timeout=300, env=env)
     sweep_dir = slurm_out / "arr"
     assert result.returncode == 1, result.stderr[-3000:]
     record = sweep_json(sweep_dir)
     array_id = record["slurm_job_id"]
-    assert record["cluster"] == "slurm" and f"submitted SLURM job array {array_id}: 6 members, 2 at a time" in result.stdout
+    assert record["cluster"] == "slurm" and f"submitted SLURM job array {array_id}: 4 members, 2 at a time" in result.stdout
     # one array, at most --parallel tasks at once, one task per member
-    assert "#SBATCH --array=0-5%2" in (sweep_dir / "slurm" / f"{array_id}_submission.sh").read_text()
-    assert [t.split("|")[0] for t in sacct_tasks(array_id)] == [f"{array_id}_{i}" for i in range(6)]
-    assert [m["status"] for m in record["members"]] == ["completed"] * 4 + ["failed"] * 2
-    assert [m["job_id"] for m in record["members"]] == [f"{array_id}_{i}" for i in range(6)]
+    assert "#SBATCH --array=0-3%2" in (sweep_dir / "slurm" / f"{array_id}_submission.sh").read_text()
+    assert [t.split("|")[0] for t in sacct_tasks(array_id)] == [f"{array_id}_{i}" for i in range(4)]
+    assert [m["status"] for m in record["members"]] == ["completed"] * 2 + ["failed"] * 2
+    assert [m["job_id"] for m in record["members"]] == [f"{array_id}_{i}" for i in range(4)]
     for member in record["members"]:
         run_dir = sweep_dir / member["run_dir"]
         assert json.loads((run_dir / "job.json").read_text())["job_id"] == member["job_id"]
@@ -291,7 +292,7 @@ def test_a_slurm_sweep_is_one_job_array_and_a_failing_member_does_not_stop_the_o
         assert summary["status"] == member["status"] and summary["world_size"] == 1
     assert read_summary(sweep_dir / "m000-lr=0.01-seed=1")["steps"] == 10
     # a member is an ordinary SLURM run: status and logs work on it
-    status = run_launcher(["status", str(sweep_dir / "m004-lr=0.03-seed=1-dir=_dev_null_ckpt")], cwd=slurm_out,
+    status = run_launcher(["status", str(sweep_dir / "m002-lr=0.03-seed=1-dir=_dev_null_ckpt")], cwd=slurm_out,
                           timeout=60, env=env)
     assert status.returncode == 1 and "NotADirectoryError" in status.stdout
     # the rendezvous secret went through the environment, never into the folder
@@ -304,12 +305,12 @@ def test_a_slurm_sweep_is_one_job_array_and_a_failing_member_does_not_stop_the_o
     again = sweep_json(sweep_dir)
     new_id = again["slurm_job_id"]
     assert new_id != array_id and f"submitted SLURM job array {new_id}: 2 members" in resumed.stdout
-    assert [m["job_id"] for m in again["members"]] == [f"{array_id}_{i}" for i in range(4)] + [f"{new_id}_0", f"{new_id}_1"]
+    assert [m["job_id"] for m in again["members"]] == [f"{array_id}_{i}" for i in range(2)] + [f"{new_id}_0", f"{new_id}_1"]
     deadline = time.monotonic() + 150
     while not all(t.split("|")[1] in ("COMPLETED", "FAILED", "CANCELLED") for t in sacct_tasks(new_id) or ["x|PENDING"]):
         assert time.monotonic() < deadline, sacct_tasks(new_id)
         time.sleep(2)
     assert len(sacct_tasks(new_id)) == 2
-    assert (sweep_dir / "previous" / "m004-lr=0.03-seed=1-dir=_dev_null_ckpt-1" / "job.json").is_file()
-    assert read_summary(sweep_dir / "m004-lr=0.03-seed=1-dir=_dev_null_ckpt")["status"] == "failed"  # still a bad dir
+    assert (sweep_dir / "previous" / "m002-lr=0.03-seed=1-dir=_dev_null_ckpt-1" / "job.json").is_file()
+    assert read_summary(sweep_dir / "m002-lr=0.03-seed=1-dir=_dev_null_ckpt")["status"] == "failed"  # still a bad dir
 
