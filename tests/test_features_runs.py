@@ -116,7 +116,9 @@ def mlp_eager(tmp_path_factory):
 
 def test_compile_wraps_the_compiled_model_and_reports_compile_time_apart(tmp_path_factory, mlp_eager):
     eager = mlp_eager
-    summary, _, _ = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.compile=true", env=VEC_ISA_OK)
+    # a cache of its own: the compile a fresh machine (CI's) makes, never kernels an earlier run left in /tmp
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor-cache"))}
+    summary, _, _ = train(tmp_path_factory, *MLP, "trainer.log_every=2", "trainer.compile=true", env={**VEC_ISA_OK, **cache})
     assert summary["compile"] is True and summary["compiled_graphs"] >= 1  # DDP(compiled) really compiled
     assert summary["compile_time_s"] is not None and summary["first_step_time_s"] >= summary["compile_time_s"]
     assert summary["final_loss"] == pytest.approx(eager[0]["final_loss"], rel=1e-4)
