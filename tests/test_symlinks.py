@@ -211,3 +211,24 @@ def test_an_error_as_a_file_object_is_made_is_the_one_raised(tmp_path):
     with safefs.open_file(str(tmp_path / "logs" / "rank-0.log"), "ab", root=str(tmp_path), buffering=0) as f:
         f.write(b"still opens")
     assert (tmp_path / "logs" / "rank-0.log").read_bytes() == b"still opens"
+
+
+def test_a_node_record_read_back_follows_no_link_and_keeps_only_well_shaped_fields(tmp_path):
+    """A multi-node job's verdict reads the other nodes' records (nodes/node-K.json) back from a shared folder
+    (launcher.rundir.read_node_record, the Ray driver's and the simulated supervisor's): a planted link reads as no
+    record, and a status, error or root cause of the wrong shape is left out."""
+    from launcher.rundir import read_node_record
+
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    target = victim(tmp_path)
+    target.write_text(json.dumps({"status": "failed", "error": "rank 1 failed: planted"}))
+    (nodes / "node-1.json").symlink_to(target)
+    assert read_node_record(tmp_path, 1) == {}
+    (nodes / "node-2.json").write_text(json.dumps({"status": 3, "error": ["x"], "root_cause": {"rank": True},
+                                                   "host": "h", "node_rank": 2}))
+    assert read_node_record(tmp_path, 2) == {"host": "h", "node_rank": 2}
+    good = {"status": "failed", "error": "rank 5 failed: boom", "root_cause": {"rank": 5, "log": "logs/rank-5.log"}}
+    (nodes / "node-3.json").write_text(json.dumps(good))
+    assert read_node_record(tmp_path, 3) == good
+    assert read_node_record(tmp_path, 4) == {}

@@ -232,6 +232,6 @@ def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
 
 def _hangs(run_dir: Path, nodes: int) -> Optional[str]:
     """Every node's hang verdict, node by node: 'node 0: hang: ... | node 1: hang: ...' (None if no node hung)."""
-    found = {k: str(read_node_record(run_dir, k).get("error")) for k in range(nodes)
-             if read_node_record(run_dir, k).get("status") == "hung"}
+    records = {k: read_node_record(run_dir, k) for k in range(nodes)}
+    found = {k: str(r.get("error")) for k, r in records.items() if r.get("status") == "hung"}
     return nodes_verdict(found) or None
