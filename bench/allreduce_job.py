@@ -10,6 +10,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,19 @@ class Flat(torch.nn.Module):
         return self.weight.sum()
 
 
+def make_variants(numel: int, mb: int, world_size: int) -> Dict[str, Callable[[], object]]:
+    """One step of each variant on its own fresh model: ours (timed), plain DDP, a raw all-reduce of the bytes."""
+    timed, plain = DDP(Flat(numel), bucket_cap_mb=mb + 1), DDP(Flat(numel), bucket_cap_mb=mb + 1)
+    timer = attach_comm_timer(timed, world_size)
+    tensor = torch.ones(numel)
+
+    def ours() -> None:
+        timed().backward()
+        timer.take()
+
+    return {"ours": ours, "ddp": lambda: plain().backward(), "raw": lambda: dist.all_reduce(tensor)}
+
+
 def main() -> None:
     out, repeats = sys.argv[1], int(sys.argv[2])
     env = DistEnv.from_environ()
@@ -40,15 +54,7 @@ def main() -> None:
     rows = {}
     for mb in SIZES_MB:
         numel = mb * 1024 * 1024 // 4
-        timed, plain = DDP(Flat(numel), bucket_cap_mb=mb + 1), DDP(Flat(numel), bucket_cap_mb=mb + 1)
-        timer = attach_comm_timer(timed, env.world_size)
-        tensor = torch.ones(numel)
-
-        def ours() -> None:
-            timed().backward()
-            timer.take()
-
-        variants = {"ours": ours, "ddp": lambda: plain().backward(), "raw": lambda: dist.all_reduce(tensor)}
+        variants = make_variants(numel, mb, env.world_size)
         times = {name: [] for name in variants}
         names = list(variants)
         for i in range(repeats + 2):

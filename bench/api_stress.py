@@ -72,14 +72,14 @@ def main() -> int:
         for i in range(args.launches):
             done: Dict[str, Any] = {}
 
-            def one() -> None:
+            def one(done: Dict[str, Any]) -> None:
                 try:
                     done["result"] = launcher.launch(train, 3, gpus=args.gpus, output_dir=out, wandb_mode="disabled")
                 except BaseException as e:  # noqa: BLE001 -- counted, not raised: the loop goes on
                     done["error"] = repr(e)[:300]
 
             started = time.monotonic()
-            thread = threading.Thread(target=one, daemon=True)
+            thread = threading.Thread(target=one, args=(done,), daemon=True)
             thread.start()
             thread.join(args.timeout)
             wall = time.monotonic() - started

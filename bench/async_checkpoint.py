@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from launcher.trainers.checkpoint import store
 from launcher.trainers.checkpoint.background import writer_group
 from launcher.trainers.checkpoint.checkpointer import Checkpointer
-from launcher.trainers.checkpoint.files import TMP_PREFIX, step_dir
+from launcher.runtime.checkpoints import TMP_PREFIX, step_dir
 from launcher.trainers.models import MLP
 
 VARIANTS = ("ours", "dcp", "dcp-cached") if torch.accelerator.is_available() else ("ours", "dcp")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check a session runs on a lent CUDA machine (DEVELOPERS.md): the gpu-marked tests, then bench/gpu.py.
+# The GPU check for a CUDA machine: the gpu-marked tests, then bench/gpu.py.
 #   bash bench/gpu_check.sh [OUT_DIR]       (OUT_DIR defaults to $OUT, else ./gpu-check)
 # The machine has torch but not our other requirements: wheels in .whl/ (made here with `pip download`, see
 # docs/performance.md) are installed to /tmp/site first. W&B is not installed there: WANDB_MODE=disabled.

@@ -1,5 +1,5 @@
 """Launch stress: ordinary user scripts launched many times in a row, counting the launches that never
-finish (the intermittent hang at exit with forked warm workers, shared FACTS.md) and those that fail.
+finish (the intermittent hang at exit with forked warm workers, docs/architecture.md) and those that fail.
 
     python bench/launch_stress.py [--launches 300] [--load] [--torchrun] [--shapes NAME ...]
                                   [--timeout 60] [--json bench/launch_stress.json]
@@ -215,7 +215,7 @@ def start_burners() -> List[subprocess.Popen]:
 
 
 def run(names: List[str], launches: int, timeout: float, load: bool, torchrun: bool) -> Dict[str, Dict[str, Tally]]:
-    tallies = {name: {l: Tally() for l in LAUNCHERS[:1 + torchrun]} for name in names}
+    tallies = {name: {who: Tally() for who in LAUNCHERS[:1 + torchrun]} for name in names}
     burners = start_burners() if load else []
     spare = [p.pid for p in burners]
     try:
@@ -282,7 +282,7 @@ def main(argv: List[str]) -> int:
     tallies = run(args.shapes, args.launches, args.timeout, args.load, args.torchrun)
     result = {"machine": machine(), "launches": args.launches, "load": args.load, "timeout_s": args.timeout,
               "wall_s": round(time.monotonic() - started, 1),
-              "shapes": {name: {l: t.row() for l, t in by.items()} for name, by in tallies.items()}}
+              "shapes": {name: {who: t.row() for who, t in by.items()} for name, by in tallies.items()}}
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(result["machine"] + (", under load (one burner per core)" if args.load else ""))
     print_table(tallies, args.timeout)

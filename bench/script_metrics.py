@@ -1,15 +1,18 @@
-"""What a script's zero-code step metrics cost a 5 ms CPU training step, in one process.
+"""What a script's zero-code step metrics and a launcher.log call each step cost a 5 ms CPU training step, in one
+process, and that 100,000 launcher.log calls all reach the run directory.
 
-    python bench/script_metrics.py [--rounds R] [--seconds S] [--step-ms 5]
+    python bench/script_metrics.py [--rounds R] [--seconds S] [--step-ms 5] [--calls 100000]
 
 The worker's step watch (launcher/worker/progress.py: one global optimizer step post hook that beats for the
 watchdog, times each step, and about once a second writes a record, reads memory and looks at the DataLoader)
 is installed exactly as a worker installs it, over a real loop: an MLP on a DataLoader, sized so that one step
 takes about --step-ms on one thread. Blocks of S seconds without and with the watch alternate (the order
-rotates each round); each block's steps per second is taken. Printed: the hook's own time per step (the whole
-time inside it over a block after its first step, flushes included, divided by those steps) as a share of the step,
-which is the figure the target holds (<= 1% of a 5 ms step), the first step's (a one-time search for the
-DataLoader), and the paired blocks' throughput ratio (noisy on a shared box).
+rotates each round); with the watch, each step also logs 5 values as `launcher.log` does (StepWatch.log). Each
+block's steps per second is taken. Printed: the watch's own time per step (the whole time inside the hook and the
+log call over a block after its first step, flushes included, divided by those steps) as a share of the step,
+which is the figure the target holds (<= 1% of a 5 ms step; the writes themselves run on the worker's writer
+thread), the first step's (a one-time search for the DataLoader), the paired blocks' throughput ratio (noisy on a
+shared box), and then --calls launcher.log calls made as fast as they come, counted back from the series file.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ BATCH = 64
 def progress_namespace() -> Dict[str, Any]:
     """loaders.py and progress.py as a worker runs them (launcher.worker.bootstrap executes them into a namespace)."""
     namespace: Dict[str, Any] = {"__name__": "launcher_worker_progress"}
-    for name in ("loaders.py", "progress.py"):
+    for name in ("loaders.py", "writer.py", "waits.py", "progress.py"):
         path = WORKER / name
         exec(compile(path.read_bytes(), str(path), "exec"), namespace)
     return namespace
@@ -51,13 +54,16 @@ def build(width: int) -> Callable[[float], int]:
     loader = DataLoader(TensorDataset(torch.randn(BATCH * 64, 256), torch.randint(0, 10, (BATCH * 64,))),
                         batch_size=BATCH, shuffle=True)
 
-    def run(seconds: float) -> int:
+    def run(seconds: float, log: Optional[Callable[[Dict[str, Any]], None]] = None) -> int:
         steps, end = 0, time.perf_counter() + seconds
         while True:
             for x, y in loader:
                 optimizer.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), y).backward()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
                 optimizer.step()
+                if log is not None:  # what a script logs each step: a tensor and four numbers
+                    log({"loss": loss, "lr": 1e-3, "step_in_epoch": steps % 64, "grad_scale": 1.0, "tokens": BATCH})
                 steps += 1
                 if time.perf_counter() >= end:
                     return steps
@@ -95,6 +101,12 @@ class Timed:
             self.inside += took
         self.calls += 1
 
+    def log(self, values: Dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        self.watch.log(values, False)
+        if self.calls > 1:
+            self.inside += time.perf_counter() - t0
+
 
 def block(run: Callable[[float], int], seconds: float, run_dir: Optional[str]) -> tuple:
     """(steps/s, seconds in the hook per step after the first or None, the first step's) of one block."""
@@ -107,7 +119,7 @@ def block(run: Callable[[float], int], seconds: float, run_dir: Optional[str]) -
         namespace = progress_namespace()
         timed = Timed(namespace["StepWatch"](where, beat, time.time(), namespace["Loader"]()))
         handle = register_optimizer_step_post_hook(timed)
-    steps = run(seconds)
+    steps = run(seconds, timed.log if timed is not None else None)
     if handle is not None:
         handle.remove()
         timed.watch.close()
@@ -119,6 +131,7 @@ def main(argv: List[str]) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--step-ms", type=float, default=5.0)
+    p.add_argument("--calls", type=int, default=100_000)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     gc.freeze()  # as the zygote does after importing torch: a worker's collector (and gc.get_referrers) skips those
@@ -138,6 +151,7 @@ def main(argv: List[str]) -> int:
                     inside.append(per_step)
                     firsts.append(first)
         records = sum(1 for _ in open(os.path.join(tmp, "steps", "rank-0.jsonl")))
+    kept, took = many_calls(args.calls)
     step_s = 1.0 / statistics.median(base)
     hook_s = statistics.median(inside)
     paired = statistics.median(b / h for h, b in zip(hooked, base)) - 1
@@ -148,7 +162,25 @@ def main(argv: List[str]) -> int:
           f"worker: {statistics.median(firsts) * 1e3:.1f} ms")
     print(f"paired blocks, step time with the watch / without - 1: {paired:+.2%} (median of {args.rounds}; noise on a "
           "shared box)")
-    return 0
+    print(f"{args.calls} launcher.log calls, one per step, as fast as they come ({took:.1f}s): {kept} in the series "
+          f"file{'' if kept == args.calls else ' - SOME WERE DROPPED'}")
+    return 0 if kept == args.calls else 1
+
+
+def many_calls(calls: int) -> tuple:
+    """(lines in the series file, seconds) after `calls` steps each logging 5 values, with no training between."""
+    optimizer = object.__new__(torch.optim.SGD)
+    with tempfile.TemporaryDirectory() as tmp:
+        where = {"run_dir": tmp, "rank": 0, "attempt": 0, "launch": "1", "wandb": False}
+        namespace = progress_namespace()
+        watch = namespace["StepWatch"](where, None, time.time(), namespace["Loader"]())
+        t0 = time.perf_counter()
+        for i in range(calls):
+            watch(optimizer, (), {})
+            watch.log({"loss": 1.0 / (i + 1), "a": i, "b": 2.0, "c": 3.0, "d": 4.0}, False)
+        watch.close()
+        took = time.perf_counter() - t0
+        return sum(1 for _ in open(os.path.join(tmp, "series", "rank-0.jsonl"))), took
 
 
 if __name__ == "__main__":

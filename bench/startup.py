@@ -75,14 +75,14 @@ def run(quick: bool = False, rounds: int = 0, cases: Tuple[str, ...] = CASES) ->
         for workers in (2, 4):
             if f"{workload}_{workers}w" not in cases:
                 continue
-            samples: Dict[str, Dict[str, List[float]]] = {l: {"first": [], "wall": []} for l in ("ours", "torchrun")}
+            samples: Dict[str, Dict[str, List[float]]] = {who: {"first": [], "wall": []} for who in ("ours", "torchrun")}
             for r in range(rounds):
                 order = ("ours", "torchrun") if r % 2 == 0 else ("torchrun", "ours")
                 for launcher in order:
                     first, wall = one_run(launcher, workload, workers)
                     samples[launcher]["first"].append(first)
                     samples[launcher]["wall"].append(wall)
-            med = {l: {k: statistics.median(v) for k, v in s.items()} for l, s in samples.items()}
+            med = {who: {k: statistics.median(v) for k, v in s.items()} for who, s in samples.items()}
             results[f"startup_{workload}_{workers}w"] = {
                 "ours_first_step_s": med["ours"]["first"], "torchrun_first_step_s": med["torchrun"]["first"],
                 "ratio_first_step": med["ours"]["first"] / med["torchrun"]["first"],

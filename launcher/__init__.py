@@ -30,3 +30,19 @@ def __getattr__(name: str) -> object:
         module, _, attribute = API[name].partition(":")
         return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")
+
+
+def _warm_in_a_kernel() -> None:
+    """In a Jupyter kernel (or IPython): the first launch()'s launcher is started now, torch imported by the time a
+    cell calls it (launcher.api.standby; LAUNCHER_STANDBY=0: none). Nowhere else: a script, a worker, the CLI."""
+    import os
+    import sys
+
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", None)  # imported alone (tqdm.auto, a library): no shell
+    if shell is not None and shell() is not None and "TORCHELASTIC_RUN_ID" not in os.environ:  # a rank's: never
+        from launcher.api import standby
+
+        standby.prepare()
+
+
+_warm_in_a_kernel()

@@ -6,12 +6,12 @@ from launcher import prestart  # noqa: E402
 
 prestart.release()  # after prestart's exec: the stop signals, held since, come to the hold now
 
-from launcher.cli import main, zygote_kind  # noqa: E402  (after the hold, on purpose)
+from launcher.cli import main  # noqa: E402  (after the hold, on purpose)
 
 
 def entry() -> None:
-    """`python -m launcher` and the `launcher` command (setup.cfg): main, then the process's end (launcher.interrupts)."""
-    prestart.exec_with_zygote(zygote_kind)  # a launch whose workers fork here: one torch import for both (prestart)
+    """`python -m launcher` and the `launcher` command (setup.cfg): main, then the process's end (launcher.interrupts).
+    A launch whose workers fork here execs this process once on its way (launcher.prestart) and goes on in main."""
     interrupts.end(main())
 
 

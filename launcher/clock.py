@@ -12,6 +12,8 @@ from typing import Optional
 
 import psutil
 
+from launcher import prestart
+
 IMPORTED_AT = time.time()
 MAX_INTERPRETER_START_S = 5.0  # Python's own start before the launcher's first import takes well under this
 
@@ -22,6 +24,9 @@ def process_start_time() -> float:
     A process that a shell exec'd into keeps the shell's creation time (`(pip install ... && python
     -m launcher)` counted the install), so a creation time far before our first line is not used.
     """
+    asked = prestart.started_at()
+    if asked is not None:  # a launcher started ahead of its launch (launcher.api.standby): the call's time
+        return asked
     created = _created_from_proc()
     if created is None:
         try:
@@ -29,6 +34,22 @@ def process_start_time() -> float:
         except psutil.Error:
             return IMPORTED_AT
     return created if IMPORTED_AT - created < MAX_INTERPRETER_START_S else IMPORTED_AT
+
+
+def started_at(pid: int) -> Optional[float]:
+    """When process pid was created (psutil's clock), or None where there is no such process (or only its zombie:
+    it has ended, its parent has not reaped it yet)."""
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else float(process.create_time())
+    except psutil.Error:
+        return None
+
+
+def still_running(pid: int, started: Optional[float]) -> bool:
+    """Whether the process recorded as (pid, started_at(pid)) still runs: its pid, not reused by another since."""
+    now = started_at(pid)
+    return now is not None and (started is None or abs(now - started) < 1.0)
 
 
 def _created_from_proc() -> Optional[float]:

@@ -39,6 +39,9 @@ from collections.abc import Callable, Iterator  # not typing: it would add to wh
 from launcher.errors import Interrupted
 from launcher.prestart import HELD  # the stop signals: one tuple, kept blocked across prestart's exec
 
+TYPE_CHECKING = False  # typing's, without importing typing (see above); type checkers read it as true
+if TYPE_CHECKING:
+    import threading
 
 
 class _State:
@@ -152,7 +155,7 @@ def _handle_with(handler: Callable[[int, object], None]) -> int | None:
     return caught
 
 
-def start_thread(thread: threading.Thread) -> None:  # noqa: F821  (imported inside: not before the hold)
+def start_thread(thread: threading.Thread) -> None:
     """thread.start() with a stop signal kept over it, then raised. One raised inside start() (torch's agent handler
     raises SignalException, an Exception) made threading undo its record of the thread, which had started: a
     KeyError traceback from the new thread ("Exception ignored in thread started by"), beside the one-line stop."""

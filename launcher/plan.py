@@ -12,10 +12,10 @@ import datetime
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 from launcher.config.compat import workers_per_node
-from launcher.config.schema import Config
+from launcher.config.sections import Config
 from launcher.errors import ConfigError
 from launcher.config.features import check_device_features
 from launcher.runtime import env as names
@@ -24,6 +24,7 @@ from launcher.config.elastic import is_elastic, min_nodes
 
 # CPU workers one machine may run: several per core is a fair test of a multi-GPU job's logic;
 # thousands are a typo (--gpus 4000 for 4) that would fork until memory runs out.
+StartMethod = Literal["fork", "spawn"]  # fork: from the warm zygote (launcher.agent.zygote); spawn: fresh interpreters
 CPU_WORKERS_PER_CORE = 8
 MIN_CPU_WORKER_LIMIT = 16
 
@@ -35,7 +36,7 @@ class Hardware:
     cuda_devices: int  # CUDA devices torch can see (0 on a CPU box)
     cpu_cores: int  # usable cores for worker threads
     omp_threads_env: Optional[int] = None  # OMP_NUM_THREADS as the user exported it (kept, as torchrun keeps it)
-    exported: Tuple[str, ...] = ()  # which of FLIGHT_RECORDER_ENV the user exported (kept as they are)
+    exported: Tuple[str, ...] = ()  # which of FLIGHT_RECORDER_ENV and OMP_NUM_THREADS the user exported (kept as they are)
 
 
 # NCCL's flight recorder, on for NCCL jobs while the watchdog is on (docs/torchrun.md):
@@ -62,10 +63,10 @@ class LaunchPlan:
     rdzv_endpoint: str  # host:port; port 0 = pick a free one at launch time
     rdzv_id: str
     rdzv_timeout_s: int
-    start_method: str  # fork (from the warm zygote, launcher.agent.zygote) | spawn (fresh interpreters)
+    start_method: StartMethod
     start_method_reason: str
     max_restarts: int
-    omp_threads: int
+    omp_threads: int  # 0: OMP_NUM_THREADS left as it is (a script with one worker per node, as under torchrun)
     command: Tuple[str, ...]  # what each worker runs, as a user would type it
     worker_env: Dict[str, str] = field(default_factory=dict)
     agent_env: Dict[str, str] = field(default_factory=dict)  # the agent's alone; its workers never see them
@@ -99,7 +100,7 @@ def worker_command(cfg: Config) -> Tuple[str, ...]:
     return head + tuple(cfg.script.args)
 
 
-def choose_start_method(cfg: Config) -> Tuple[str, str]:
+def choose_start_method(cfg: Config) -> Tuple[StartMethod, str]:
     """fork from the zygote, a fresh single-threaded process (whatever state the launcher's own is in), or spawn."""
     if cfg.launcher.start_method == "spawn":
         return "spawn", "launcher.start_method=spawn asked for: workers start as fresh interpreters"
@@ -121,19 +122,38 @@ def workers_here(cfg: Config, per_node: int) -> int:
     return per_node * (cfg.nodes if launch_mode(cfg) == "simulated" else 1)
 
 
-def job_workers(nodes: int, per_node: int, what: str = "CPU worker") -> str:
-    """The job's worker count, and per node when there are several: '2 CPU workers (2 nodes x 1)'."""
+def job_workers(nodes: int, per_node: int, what: str = "CPU worker", elastic: Optional[Tuple[int, int]] = None) -> str:
+    """The job's worker count, and per node when there are several: '2 CPU workers (2 nodes x 1)'; an elastic job
+    counts the nodes it starts with and states its range: '2 CPU workers (1 node x 2; elastic 1:4 nodes)' (each
+    round then says what formed: launcher.config.elastic.round_line)."""
     total = nodes * per_node
     counted = f"{total} {what}{'' if total == 1 else 's'}"
+    if elastic:
+        return f"{counted} ({nodes} node{'' if nodes == 1 else 's'} x {per_node}; elastic {elastic[0]}:{elastic[1]} nodes)"
     return f"{counted} ({nodes} nodes x {per_node})" if nodes > 1 else counted
 
 
+def starting_workers(plan: "LaunchPlan", what: str = "worker") -> str:
+    """What a plan starts, as job_workers says it: an elastic job its MIN nodes, except where this machine simulates
+    them all (launcher.backends.simulated starts every node of the range)."""
+    if not plan.elastic:
+        return job_workers(plan.nodes, plan.workers_per_node, what)
+    least = plan.nodes if plan.mode == "simulated" else (plan.min_nodes or plan.nodes)
+    return job_workers(least, plan.workers_per_node, what, elastic=(plan.min_nodes or plan.nodes, plan.nodes))
+
+
 def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional[str]]:
-    """Threads per worker and, when the launcher chose them, a notice saying so."""
+    """Threads per worker (0: OMP_NUM_THREADS left as it is) and, when the launcher chose them, a notice saying so.
+    A script gets torchrun's: 1 with several workers per node, unless exported; the built-in trainer shares the cores."""
     if cfg.launcher.omp_threads:
         return cfg.launcher.omp_threads, None
     if hw.omp_threads_env:
         return hw.omp_threads_env, None
+    if cfg.script.path is not None:
+        if "OMP_NUM_THREADS" in hw.exported or workers == 1:
+            return 0, None  # torchrun passes an exported value on as it is, and sets none for one worker per node
+        return 1, ("OMP_NUM_THREADS=1 per worker, as torchrun sets it for several workers per node; "
+                   "export OMP_NUM_THREADS or set launcher.omp_threads to choose")
     here = workers_here(cfg, workers)
     omp = max(1, hw.cpu_cores // here)
     return omp, (f"OMP_NUM_THREADS={omp} per worker ({hw.cpu_cores} cores / {here} workers on this machine); "
@@ -143,7 +163,7 @@ def thread_count(cfg: Config, hw: Hardware, workers: int) -> Tuple[int, Optional
 def worker_env(cfg: Config, run_dir: str, omp: int, hw: Hardware) -> Dict[str, str]:
     """What the launcher adds to the workers' environment (docs/torchrun.md)."""
     env: Dict[str, str] = {}
-    if omp != hw.omp_threads_env:
+    if omp and omp != hw.omp_threads_env:
         env["OMP_NUM_THREADS"] = str(omp)
     if cfg.watchdog.timeout_s > 0 or cfg.script.path is None:
         env.update({names.RUN_DIR: run_dir, names.WATCHDOG_TIMEOUT_S: f"{cfg.watchdog.timeout_s:g}"})
@@ -170,7 +190,9 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
     else:
         device_type, backend = "cpu", "gloo"
         check_cpu_workers(cfg, hw, workers)
-        notices.append(f"no CUDA device: running {job_workers(cfg.nodes, workers)} with gloo")
+        counted = cfg.nodes if launch_mode(cfg) == "simulated" else min_nodes(cfg)  # elastic: MIN, unless simulated
+        elastic = (min_nodes(cfg), cfg.nodes) if is_elastic(cfg) else None
+        notices.append(f"no CUDA device: running {job_workers(counted, workers, elastic=elastic)} with gloo")
     notices.extend(check_device_features(cfg, device_type))
     if is_elastic(cfg) and cfg.launcher.max_restarts == 0:
         notices.append(f"--nodes {cfg.min_nodes}:{cfg.nodes} with --max-restarts 0: a lost node ends the job (as with "
@@ -230,4 +252,4 @@ def detect_hardware() -> Hardware:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     exported = os.environ.get("OMP_NUM_THREADS", "")
     return Hardware(cuda_devices=cuda, cpu_cores=cores, omp_threads_env=int(exported) if exported.isdigit() and int(exported) > 0 else None,
-                    exported=tuple(k for k in FLIGHT_RECORDER_ENV if k in os.environ))
+                    exported=tuple(k for k in (*FLIGHT_RECORDER_ENV, "OMP_NUM_THREADS") if k in os.environ))

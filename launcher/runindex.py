@@ -3,8 +3,10 @@
 A row is read from the files a run leaves (launcher.rundir), never from a scheduler: status from
 the run's lock (launcher.runlock: a live holder means running, a run that claims to run without
 one is dead) and summary.json, progress and throughput from the last line of metrics.jsonl (its
-tail only), the step target from config.yaml. Sweeps (sweep.json), comparisons and scaling sweeps
-are one row each, with their runs as `members`.
+tail only; `metrics` holds that row's figures, launcher.runtime.schema.ROW's), the step target from
+config.yaml. summary.json and the metrics row are read through the schema: a summary field of the
+wrong shape makes the row `damaged`. Sweeps (sweep.json), comparisons and scaling sweeps are one
+row each, with their runs as `members`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Union
 
 from launcher.backends.base import run_kind
 from launcher.runlock import live_holders
-from launcher.runtime.formatting import first_line
+from launcher.runtime import safefs
+from launcher.runtime.formatting import first_line, preemption
+from launcher.runtime.schema import LISTED, NODE, NODES_DIR, ROW, SUMMARY, Status
 
-STATUSES = ("running", "completed", "failed", "interrupted", "dead", "unknown", "damaged")
+STATUSES = tuple(s.value for s in LISTED)
 # summary.json's own words -> the index's (a hang is a kind of failure; its error says which rank)
-SUMMARY_STATUS = {"completed": "completed", "failed": "failed", "hung": "failed", "interrupted": "interrupted"}
+SUMMARY_STATUS: Dict[Optional[str], Status] = {
+    Status.COMPLETED: Status.COMPLETED, Status.FAILED: Status.FAILED, Status.HUNG: Status.FAILED,
+    Status.INTERRUPTED: Status.INTERRUPTED, Status.PREEMPTED: Status.PREEMPTED}
 TAIL_BYTES = 8192
 RUN_FILES = frozenset(("plan.json", "config.yaml", "job.json"))  # any of them: a run directory
 # trainer.steps and script.path in a recorded config.yaml (launcher.config.schema.to_yaml): found, not parsed (fast)
@@ -52,7 +58,8 @@ def entry_or_damaged(path: Path, now: float) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # text not UTF-8, a field of a wrong type
         row = pending_row(path, now)
         del row["pending"]
-        return {**row, "status": "damaged", "error": f"damaged: {e.__class__.__name__}: {error_line(e) or ''}".strip(),
+        why = f"damaged: {e.__class__.__name__}: {error_line(e) or ''}".strip()
+        return {**row, "status": Status.DAMAGED, "error": why,
                 "started": _mtime(path), "age_s": max(0.0, now - (_mtime(path) or now))}
 
 
@@ -82,12 +89,12 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
     def read(name: str) -> Dict[str, Any]:
         return _read_json(os.path.join(here, name)) if name in names else {}
 
-    summary, plan, job = read("summary.json"), read("plan.json"), read("job.json")
-    last = last_metrics(os.path.join(here, "metrics.jsonl")) if "metrics.jsonl" in names else {}
+    summary, plan, job = SUMMARY.check(read("summary.json")), read("plan.json"), read("job.json")
+    last = ROW.read(last_metrics(os.path.join(here, "metrics.jsonl"))) if "metrics.jsonl" in names else {}
     holders = live_holders(run_dir) if "locks" in names else []
     status = run_status(here, summary, plan, bool(holders))
     kind, recorded = run_kind(job, plan)  # as the run recorded it when it was made (launcher.backends.base)
-    finished = status != "running" and summary
+    finished = status != Status.RUNNING and summary
     # when it was submitted (SLURM) or last launched (config.yaml is written again by a resume)
     started = (_mtime(os.path.join(here, "job.json")) or _mtime(os.path.join(here, "config.yaml"))
                or _mtime(os.path.join(here, "plan.json")) or _mtime(here))
@@ -96,59 +103,84 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
         "path": str(run_dir),
         "kind": kind,
         "status": status,
-        "step": last.get("step", summary.get("steps") if summary.get("status") == "completed" else None),
+        "step": last.get("step", summary.get("steps") if summary.get("status") == Status.COMPLETED else None),
         "steps": target_steps(here, summary) if "config.yaml" in names else summary.get("steps"),
+        "what": job_what(plan.get("command"), summary),
         "throughput": (summary.get("samples_per_s") if finished else None) or last.get("samples_per_s"),
+        # a script whose DataLoader could not be read has steps/s only: the list shows that instead
+        "steps_per_s": (summary.get("steps_per_s") if finished else None) or last.get("steps_per_s"),
+        "loss": summary.get("final_loss") if finished and summary.get("final_loss") is not None else last.get("loss"),
         "goodput": (summary.get("goodput") if finished else None) or last.get("goodput"),
         "restarts": int(summary.get("restarts") or 0) if finished else attempts_so_far(here),
         "started": started,
         "age_s": max(0.0, now - started) if started else None,
-        "command": next_command(here, status, bool(job), "checkpoints" in names, failed_rank(summary, status)),
+        "command": next_command(here, status, bool(job), "checkpoints" in names, failed_rank(summary, status),
+                                summary.get("requeued")),
         "updated": _mtime(os.path.join(here, "metrics.jsonl")) or started,
         "world_size": summary.get("world_size") or plan.get("world_size"),
-        "error": error_line(summary.get("error")) if status in ("failed", "interrupted") else None,
+        "error": error_line(summary.get("error")) if status in (Status.FAILED, Status.INTERRUPTED, Status.PREEMPTED) else None,
         "failed_rank": failed_rank(summary, status),
         "holders": [f"{h.host}:{h.pid}" for h in holders],
+        "metrics": {k: v for k, v in last.items() if not isinstance(v, (list, dict))},  # the newest row's figures
     }
     if not recorded:  # a run from before kinds were recorded: its kind is inferred from its files
         row["kind_guessed"] = True
     if kind == "slurm":
         row["slurm_job_id"] = job.get("job_id")
+    if status == Status.PREEMPTED:  # when, and whether its scheduler runs it again (null: not decided yet)
+        row.update(preempted_at=summary.get("preempted_at"), requeued=summary.get("requeued"),
+                   note=preemption(summary))
     return row
+
+
+def job_what(command: Any, summary: Dict[str, Any]) -> Optional[str]:
+    """What the run runs, in a few words: the built-in trainer's strategy and model, or the script's name, from the
+    worker command plan.json records (launcher.plan.worker_command), else summary.json."""
+    parts = [str(c) for c in command] if isinstance(command, list) else []
+    if parts[:1] == ["<built-in trainer>"]:
+        given = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        return f"{given.get('trainer.strategy', '?')} {given.get('model.name', '?')}"
+    if parts[:2] == ["python", "-m"] and len(parts) > 2:
+        return f"script -m {parts[2]}"
+    if parts[:1] == ["python"] and len(parts) > 1:
+        return f"script {os.path.basename(parts[1])}"
+    if summary.get("script"):
+        return f"script {os.path.basename(str(summary['script']))}"
+    return f"{summary['strategy']} {summary.get('model')}" if summary.get("strategy") else None
 
 
 def run_status(run_dir: str, summary: Dict[str, Any], plan: Dict[str, Any], held: bool) -> str:
     """running: a launcher holds its lock now. Otherwise what summary.json says, unless a later launch
     (plan.json newer than it) left none: that one died (SIGKILL, a lost machine) and is `dead`."""
     if held:
-        return "running"
+        return Status.RUNNING
     summary_time = _mtime(os.path.join(run_dir, "summary.json"))
     plan_time = _mtime(os.path.join(run_dir, "plan.json"))
     if summary and not (plan_time and summary_time and plan_time > summary_time + 1.0):
-        return SUMMARY_STATUS.get(str(summary.get("status")), "unknown")
+        return SUMMARY_STATUS.get(summary.get("status"), Status.UNKNOWN)
     node_end = this_launch_node_end(run_dir, plan_time or 0.0)
     if node_end:  # one node of a multi-machine job whose summary another node wrote (elsewhere)
-        return SUMMARY_STATUS.get(node_end, "unknown")
+        return SUMMARY_STATUS.get(node_end, Status.UNKNOWN)
     if plan:
-        return "dead"  # it started (plan.json) and nobody holds it, but it never wrote how it ended
-    return "unknown"  # a SLURM job still queued (or lost): `status RUN` asks the scheduler
+        return Status.DEAD  # it started (plan.json) and nobody holds it, but it never wrote how it ended
+    return Status.UNKNOWN  # a SLURM job still queued (or lost): `status RUN` asks the scheduler
 
 
-def this_launch_node_end(run_dir: str, since: float) -> Optional[str]:
+def this_launch_node_end(run_dir: str, since: float) -> Optional[Status]:
     """How the newest node record (nodes/node-K.json, launcher.backends.node) written since plan.json says it ended."""
-    folder = os.path.join(run_dir, "nodes")
+    folder = os.path.join(run_dir, NODES_DIR)
     try:
         records = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
     except OSError:
         return None
     fresh = [(mtime, p) for p in records if (mtime := _mtime(p) or 0.0) >= since]
-    return str(_read_json(max(fresh)[1]).get("status")) if fresh else None
+    return NODE.read(_read_json(max(fresh)[1])).get("status") if fresh else None
 
 
 def target_steps(run_dir: str, summary: Dict[str, Any]) -> Optional[int]:
     """trainer.steps of the built-in trainer, from config.yaml; None for a script (its own loop decides)."""
     try:
-        with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as f:
+        with os.fdopen(safefs.open_regular(os.path.join(run_dir, "config.yaml")), encoding="utf-8") as f:
             text = f.read()
     except OSError:
         return summary.get("steps") if summary.get("model") else None
@@ -163,7 +195,7 @@ def target_steps(run_dir: str, summary: Dict[str, Any]) -> Optional[int]:
 def last_metrics(path: str) -> Dict[str, Any]:
     """The last whole JSON line of metrics.jsonl, reading only its tail."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_regular(path), "rb") as f:  # a FIFO planted there: none, not a wait
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - TAIL_BYTES))
@@ -193,20 +225,21 @@ def attempts_so_far(run_dir: str) -> int:
 
 def failed_rank(summary: Dict[str, Any], status: str) -> Optional[int]:
     """The rank a failed run's agent found failed first (summary.json's root_cause), not rank 0's knock-on error."""
-    cause = summary.get("root_cause") if status == "failed" else None
+    cause = summary.get("root_cause") if status == Status.FAILED else None
     rank = cause.get("rank") if isinstance(cause, dict) else None
     return rank if isinstance(rank, int) else None
 
 
-def next_command(run_dir: str, status: str, submitted: bool, has_checkpoints: bool, failed: Optional[int] = None) -> str:
-    """What to type next: follow a running job, resume a stopped one, read a finished one's logs (a failed
-    one's from the rank that failed first)."""
+def next_command(run_dir: str, status: str, submitted: bool, has_checkpoints: bool, failed: Optional[int] = None,
+                 requeued: Optional[bool] = None) -> str:
+    """What to type next: follow a running (or requeued) job, resume a stopped one, read a finished one's logs (a
+    failed one's from the rank that failed first)."""
     where = shlex.quote(run_dir)
-    if submitted and status == "unknown":
-        return f"python -m launcher status {where}"  # queued, or lost: only its scheduler knows
-    if status == "running":
+    if submitted and (status == Status.UNKNOWN or (status == Status.PREEMPTED and requeued is not False)):
+        return f"python -m launcher status {where}"  # queued, requeued or lost: only its scheduler knows
+    if status == Status.RUNNING:
         return f"python -m launcher logs {where} -f"
-    if status in ("failed", "interrupted", "dead") and has_checkpoints:
+    if status in (Status.FAILED, Status.INTERRUPTED, Status.PREEMPTED, Status.DEAD) and has_checkpoints:
         return f"python -m launcher resume {where}"
     return f"python -m launcher logs {where}" + (f" --rank {failed}" if failed is not None else "")
 
@@ -236,7 +269,7 @@ def group_row(group_dir: Path, kind: str, now: float) -> Dict[str, Any]:
         row = run_row(run_dir, now)
         row["overrides"] = member_overrides(kind, run_dir.name)
         members.append(row)
-    keys = ["trainer.strategy"] if kind == "compare" else ["nodes", "gpus"]
+    keys = ["trainer.strategy"] if kind == "compare" else ["nodes", "gpus", "round"]
     report = group_dir / f"{kind}.json"
     return parent_row(group_dir, kind, group_dir.name, keys, members, now, _mtime(group_dir), held=False,
                       done=report.is_file())
@@ -245,32 +278,38 @@ def group_row(group_dir: Path, kind: str, now: float) -> Dict[str, Any]:
 def member_overrides(kind: str, name: str) -> Dict[str, str]:
     if kind == "compare":
         return {"trainer.strategy": name}
-    match = re.fullmatch(r"n(\d+)-g(\d+)", name)  # launcher.commands.scale.SweepPoint.name
-    return {"nodes": match.group(1), "gpus": match.group(2)} if match else {}
+    # launcher.commands.scale: SweepPoint.name for round 1, then -r<round>
+    match = re.fullmatch(r"n(\d+)-g(\d+)(?:-r(\d+))?", name)
+    return {"nodes": match.group(1), "gpus": match.group(2), "round": match.group(3) or "1"} if match else {}
 
 
 def parent_row(path: Path, kind: str, run_id: str, keys: List[str], members: List[Dict[str, Any]], now: float,
                created: Optional[float], held: bool, done: bool, cluster: Optional[str] = None) -> Dict[str, Any]:
     """A row over member rows: running while any member (or the parent's runner) runs; step counts members done."""
     states = [m["status"] for m in members]
-    if held or "running" in states:
-        status = "running"
-    elif done or (states and all(s == "completed" for s in states)):
-        status = "completed"
-    elif cluster == "slurm" and "unknown" in states:
-        status = "unknown"  # members still queued on SLURM, as far as files tell
-    elif any(s in ("failed", "dead") for s in states):
-        status = "failed"
+    if held or Status.RUNNING in states:
+        status = Status.RUNNING
+    elif done or (states and all(s == Status.COMPLETED for s in states)):
+        status = Status.COMPLETED
+    elif cluster == "slurm" and Status.UNKNOWN in states:
+        status = Status.UNKNOWN  # members still queued on SLURM, as far as files tell
+    elif any(s in (Status.FAILED, Status.DEAD) for s in states):
+        status = Status.FAILED
+    elif Status.PREEMPTED in states:
+        status = Status.PREEMPTED
     else:
-        status = "interrupted" if members else "unknown"
+        status = Status.INTERRUPTED if members else Status.UNKNOWN
     started = float(created) if created else _mtime(path)
     where = shlex.quote(str(path))
-    unfinished = kind == "sweep" and status != "running" and any(s != "completed" for s in states)
-    throughputs = [m["throughput"] for m in members if m["status"] == "running" and m["throughput"]]
+    unfinished = kind == "sweep" and status != Status.RUNNING and any(s != Status.COMPLETED for s in states)
+    throughputs = [m["throughput"] for m in members if m["status"] == Status.RUNNING and m["throughput"]]
+    whats = sorted({str(m.get("what")) for m in members if m.get("what")})
     return {
         "run_id": run_id, "path": str(path), "kind": kind, "status": status,
-        "step": states.count("completed"), "steps": len(members),
-        "throughput": sum(throughputs) if throughputs else None, "goodput": None,
+        "step": states.count(Status.COMPLETED), "steps": len(members),
+        "what": whats[0] if len(whats) == 1 else None,  # the members' where they all run the same
+        "throughput": sum(throughputs) if throughputs else None, "steps_per_s": None, "loss": None,
+        "goodput": None,
         "restarts": sum(int(m.get("restarts") or 0) for m in members),
         "started": started, "age_s": max(0.0, now - started) if started else None,
         "command": f"python -m launcher resume {where}" if unfinished else f"python -m launcher ls {where}",
@@ -280,8 +319,9 @@ def parent_row(path: Path, kind: str, run_id: str, keys: List[str], members: Lis
 
 def pending_row(run_dir: Path, now: float) -> Dict[str, Any]:
     """A sweep member whose run has not started (no run directory yet)."""
-    return {"run_id": run_dir.name, "path": str(run_dir.resolve()), "kind": "unknown", "status": "unknown",
-            "step": None, "steps": None, "throughput": None, "goodput": None, "restarts": 0, "started": None,
+    return {"run_id": run_dir.name, "path": str(run_dir.resolve()), "kind": "unknown", "status": Status.UNKNOWN,
+            "what": None, "step": None, "steps": None, "throughput": None, "steps_per_s": None, "loss": None,
+            "goodput": None, "restarts": 0, "started": None,
             "age_s": None, "command": "", "pending": True}
 
 
@@ -300,7 +340,7 @@ def _subdirs(path: Path) -> Iterable[Path]:
 
 def _read_json(path: Union[str, Path]) -> Dict[str, Any]:
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_regular(str(path)), "rb") as f:
             data = json.loads(f.read())
     except (OSError, ValueError):
         return {}  # absent, or being replaced this instant (writes are atomic renames: rare)

@@ -74,6 +74,18 @@ def check_not_a_finished_run(plan: LaunchPlan) -> None:
     raise existing_run(run_dir, plan.run_id, plan.mode in ("static", "c10d"))
 
 
+def check_can_take(plan: LaunchPlan) -> None:
+    """Before anything starts (reads only): a new launch of a one-machine job into a run directory another launcher
+    holds, or that holds an earlier run, is refused now, before torch loads; claim() and check_not_a_finished_run
+    still decide for every job when it makes its run directory (the nodes of a multi-machine job meet first)."""
+    if plan.mode not in ("single", "simulated"):
+        return
+    holders = live_holders(Path(plan.run_dir))
+    if holders:
+        raise _in_use(plan, holders)
+    check_not_a_finished_run(plan)
+
+
 def existing_run(run_dir: Path, run_id: str, multinode: bool = False) -> ConfigError:
     """The refusal of a new run whose run_id names an earlier run: only `resume` continues one."""
     return ConfigError(f"run_id={run_id} already names a run in {run_dir}: continue it with "

@@ -11,12 +11,14 @@ import argparse
 import os
 import signal
 import sys
-from typing import Union, Callable, List, NoReturn, Optional, Set, Tuple
+from typing import Any, Union, Callable, List, NoReturn, Optional, Set, Tuple
 
 from launcher import interrupts
+from launcher.backends import registry
 from launcher.config.elastic import nodes_overrides, parse_nodes
 from launcher.config.inputs import OVERRIDE
 from launcher.errors import ConfigError, LauncherError
+from launcher.logs import into_log_file
 from launcher.runtime.safefs import PlantedLinkError
 
 EPILOG = """\
@@ -50,8 +52,29 @@ DISTRIBUTION = "torch-launcher"  # the name this package installs under (setup.c
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors in one line with a pointer to --help, exit code 2."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+    def error(self, message: str) -> "NoReturn":
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return super().parse_known_args(None if args is None else self.dashed_values(list(args)), namespace)
+
+    def dashed_values(self, args: List[str]) -> List[str]:
+        """`--nodes -1:2`, `ls --since -5m`: argparse takes a value starting with '-' for a flag ("expected one
+        argument") unless it reads as a negative number; joined as --nodes=-1:2, the flag's own check names
+        what is wrong with it. A value that is one of this parser's flags stays a flag."""
+        takes_one = {s for a in self._actions if a.nargs is None for s in a.option_strings}
+        out: List[str] = []
+        i = 0
+        while i < len(args):
+            token, value = args[i], args[i + 1] if i + 1 < len(args) else ""
+            if (token in takes_one and len(value) > 1 and value.startswith("-") and value != "--"
+                    and value.partition("=")[0] not in self._option_string_actions):
+                out.append(f"{token}={value}")
+                i += 2
+                continue
+            out.append(token)
+            i += 1
+        return out
 
 
 class RunParser(OneLineParser):
@@ -125,10 +148,11 @@ def build_parser() -> RunParser:
     p.add_argument("--rdzv-secret-file", metavar="PATH",
                    help="a file holding the job's secret, the same on every machine: the nodes sign what they share "
                         "at the rendezvous with it (default: $LAUNCHER_RDZV_SECRET; SLURM jobs get one)")
-    p.add_argument("--cluster", choices=("local", "slurm", "ray"),
-                   help="local: run here (default) | slurm: submit a SLURM job through submitit (config: cluster, slurm.*) "
-                        "| ray: place the job on a Ray cluster (ray.address or $RAY_ADDRESS; config: ray.*)")
-    p.add_argument("--wait", action="store_true", help="--cluster slurm/ray: block until the job ends, showing rank 0's log")
+    clusters = registry.clusters()  # each engine's name and help (launcher.backends.registry)
+    p.add_argument("--cluster", choices=tuple(clusters),
+                   help=" | ".join(f"{name}: {backend.cluster_help}" for name, backend in clusters.items()))
+    submitting = "/".join(name for name, backend in clusters.items() if backend.submits)
+    p.add_argument("--wait", action="store_true", help=f"--cluster {submitting}: block until the job ends, showing rank 0's log")
     p.add_argument("--output-dir", metavar="DIR", help="where run directories go (output_dir, default launcher_runs)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and launch plan; start nothing")
     p.add_argument("--show-config", action="store_true", help="print every config key with its value and exit")
@@ -236,6 +260,7 @@ def with_error_contract(call: Callable[[], int]) -> int:
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
+        into_log_file(f"error: {e}")
         return e.exit_code
     except PlantedLinkError as e:  # a link planted in a run directory (docs/security.md): refused, never followed
         print(f"error: {e}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -79,9 +80,9 @@ def on_board(printed: str, path: str) -> str:
 
 
 @contextlib.contextmanager
-def board(root: Path, *extra: str) -> Iterator[Board]:
+def board(root: Path, *extra: str, env: Optional[Dict[str, str]] = None) -> Iterator[Board]:
     """A board on a free port serving root; stops it (by its process group) after."""
-    proc = start_launcher(["board", str(root), "--port", "0", *extra], cwd=root)
+    proc = start_launcher(["board", str(root), "--port", "0", *extra], cwd=root, env=env)
     try:
         printed, console = read_url(proc, timeout=60)
         yield Board(printed, console, proc)
@@ -195,3 +196,67 @@ def browser_page() -> Iterator[Any]:
         yield page
     finally:
         context.close()
+
+
+def screenshot(page: Any, path: Path) -> Dict[str, float]:
+    """A full-page PNG at path, decoded back by the browser: its size, its colours and how much is not background."""
+    png = page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size == len(png) > 10_000, path
+    return page.evaluate("""async (src) => {
+      const img = new Image(); img.src = src; await img.decode();
+      const canvas = Object.assign(document.createElement("canvas"), {width: img.width, height: img.height});
+      const ctx = canvas.getContext("2d"); ctx.drawImage(img, 0, 0);
+      const data = ctx.getImageData(0, 0, img.width, img.height).data;
+      const counts = new Map();
+      for (let i = 0; i < data.length; i += 4) {
+        const key = (data[i] >> 3) << 10 | (data[i + 1] >> 3) << 5 | data[i + 2] >> 3;
+        counts.set(key, (counts.get(key) || 0) + 1);
+      }
+      const background = Math.max(...counts.values());
+      return {width: img.width, height: img.height, colours: counts.size, drawn: 1 - background / (img.width * img.height)};
+    }""", "data:image/png;base64," + base64.b64encode(png).decode())
+
+
+def assert_not_blank(shot: Dict[str, float], drawn: float) -> None:
+    assert shot["width"] >= 1280 and shot["height"] >= 600, shot
+    assert shot["colours"] >= 20 and shot["drawn"] >= drawn, shot
+
+
+# The layout's faults, as the browser lays the page out: a mode bar over any title, a tick label, axis title,
+# chart title, legend, colour-bar label or event mark's label outside its chart's svg, a chart with nothing drawn in it.
+LAYOUT_FAULTS = """() => {
+  const box = e => e.getBoundingClientRect();
+  const meets = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const charts = [...document.querySelectorAll(".js-plotly-plot")];
+  const titles = charts.flatMap(c => [...c.querySelectorAll(".gtitle")]);
+  const faults = [];
+  let modebars = 0;
+  for (const chart of charts) {
+    const svg = box(chart.querySelector(".main-svg"));
+    for (const bar of chart.querySelectorAll(".modebar")) {
+      modebars += 1;
+      for (const title of titles) {
+        if (meets(box(bar), box(title))) faults.push(`${chart.id}: the mode bar covers the title "${title.textContent}"`);
+      }
+    }
+    const labels = chart.querySelectorAll(".xtick text, .ytick text, .g-xtitle text, .g-ytitle text, .gtitle, " +
+                                          ".colorbar text, .legend text, .annotation-text");
+    for (const label of labels) {
+      const b = box(label);
+      if (!label.textContent || !b.width) continue;
+      if (b.left < svg.left - 0.5 || b.right > svg.right + 0.5 || b.top < svg.top - 0.5 || b.bottom > svg.bottom + 0.5)
+        faults.push(`${chart.id}: "${label.textContent}" lies outside its chart`);
+    }
+    if (!chart.querySelector(".scatterlayer .trace, .hm, .bars .point")) faults.push(`${chart.id}: an empty chart`);
+  }
+  return {charts: charts.map(c => c.id), titles: titles.length, modebars, faults};
+}"""
+
+
+def laid_out(page: Any, charts: int) -> Dict[str, Any]:
+    """The page's layout faults once charts charts are drawn, each hovered first (its mode bar shows on hover)."""
+    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg .gtitle').length >= {charts}")
+    for chart in page.query_selector_all(".js-plotly-plot"):
+        chart.hover()
+    page.wait_for_timeout(300)
+    return page.evaluate(LAYOUT_FAULTS)

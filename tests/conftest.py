@@ -73,14 +73,15 @@ GROUP_WALL_S = {
     "test_hangs.py": 110, "test_elastic.py": 110, "test_board.py": 110, "test_script_metrics.py": 100,
     "test_ls.py": 90, "test_user_modules.py": 90, "test_symlinks.py": 80, "test_exact_resume.py": 80,
     "test_scale_scripts.py": 80, "test_fork.py": 80, "test_multinode_failfast.py": 80, "test_multinode.py": 70,
-    "test_rdzv_signing.py": 70, "test_bad_input.py": 70, "netns": 70, "test_torchrun_flags.py": 70,
+    "test_rdzv_signing.py": 70, "test_bad_input.py": 70, "netns": 70, "test_torchrun_flags.py": 70, "test_lint.py": 70,
     "test_early_interrupt.py": 60, "test_randomness.py": 60, "test_sweep.py": 60, "test_command_stress.py": 50,
     "test_checkpoint.py": 50, "test_backend_contract.py:simulated": 50, "test_signals.py": 50,
     "test_run_ownership.py": 50, "test_backend_contract.py:two-agents": 50, "test_python_api.py": 50,
     "test_watchdog.py": 40, "test_prestart.py": 40, "test_ctrl_c.py": 40, "test_store_tamper.py": 40,
     "test_run_local.py": 40, "test_exit_stress.py": 30, "test_backend_contract.py:local": 30,
     "test_failed_runs.py": 30, "test_cli_bad_input.py": 30, "test_script_mode.py": 30, "test_board_token.py": 30,
-    "test_doctor.py": 30,
+    "test_doctor.py": 30, "test_root_cause.py": 40, "test_logged_series.py": 40, "test_stragglers.py": 150,
+    "test_torchrun_lines.py": 100, "test_torch_private.py": 30,
 }
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import psutil
 
@@ -26,7 +26,8 @@ NO_WANDB = ["wandb.mode=disabled"]
 
 
 def launcher_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "SLURM_"))}
+    torchrun_or_slurm = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(torchrun_or_slurm)}
     env["WANDB_MODE"] = env.get("WANDB_MODE", "offline")
     env.update(extra or {})
     return env
@@ -172,7 +173,14 @@ def only_run_dir(output_dir: Path) -> Path:
 
 
 def read_summary(run_dir: Path) -> Dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text())
+    """summary.json as written; every field declared in launcher/runtime/schema.py and of its declared shape (a field
+    left out of the schema is one every reader drops)."""
+    from launcher.runtime.schema import SUMMARY
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY.undeclared(summary) == [], f"summary.json fields not in the schema: {SUMMARY.undeclared(summary)}"
+    SUMMARY.check(summary)  # raises, naming the field, where one has another shape
+    return summary
 
 
 def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
@@ -224,3 +232,71 @@ def slurm_unavailable() -> str:
     except (OSError, subprocess.SubprocessError) as e:
         return f"sinfo failed ({e.__class__.__name__}): no SLURM client or controller"
     return "" if done.returncode == 0 else f"sinfo failed: {done.stderr.strip()[:200]}"
+
+
+class Stamped:
+    """A process whose stdout and stderr are read as they come (start_stamped): `lines` holds every line as
+    (wall time it arrived, "out" | "err", the line), growing while it runs."""
+
+    def __init__(self, argv: List[str], cwd: Path, env: Optional[Dict[str, str]] = None,
+                 on_line: Optional[Any] = None) -> None:
+        import threading
+
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env(env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: List[Tuple[float, str, str]] = []
+        self._on_line = on_line
+        self._pumps = [threading.Thread(target=self._pump, args=(s, n), daemon=True)
+                       for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for t in self._pumps:
+            t.start()
+
+    def _pump(self, stream: Any, name: str) -> None:
+        for line in stream:
+            self.lines.append((time.time(), name, line.rstrip("\n")))
+            if self._on_line is not None:
+                self._on_line(name, line)
+
+    def text(self, stream: str) -> str:
+        return "".join(f"{line}\n" for _, s, line in list(self.lines) if s == stream)
+
+    def finish(self, timeout: float) -> int:
+        """Its exit code, once it has ended and its output is read; on timeout its group is killed and the test fails."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            self.proc.wait()
+            raise AssertionError(f"timed out after {timeout}s:\n" + "\n".join(text for _, _, text in self.lines[-60:])) from None
+        finally:
+            for t in self._pumps:
+                t.join(timeout=10)
+        self.lines.sort(key=lambda item: item[0])
+        return self.proc.returncode
+
+
+def run_stamped(argv: List[str], cwd: Path, timeout: float, env: Optional[Dict[str, str]] = None,
+                on_line: Optional[Any] = None) -> Tuple[int, List[Tuple[float, str, str]], int]:
+    """Run argv (its own session, launcher_env(env)) reading stdout and stderr as they come: (exit code, every line
+    as (wall time it arrived, "out" | "err", the line), its pid). on_line(stream, line), if given, runs as each
+    arrives. On timeout the group is killed and the test fails."""
+    run = Stamped(argv, cwd, env, on_line)
+    return run.finish(timeout), run.lines, run.proc.pid
+
+
+def log_line_times(log: Path) -> Dict[str, float]:
+    """Each line of a rank's log -> when its last byte reached the launcher (wall time, from the log's .times file,
+    launcher.agent.streams); a repeated line keeps its first time."""
+    import bisect
+
+    entries = [(int(offset), float(at)) for offset, at, _ in
+               (line.split() for line in Path(f"{log}.times").read_text().splitlines() if line.strip())]
+    offsets = [offset for offset, _ in entries]
+    found: Dict[str, float] = {}
+    end = 0
+    for raw in log.read_bytes().split(b"\n")[:-1]:
+        end += len(raw) + 1
+        k = bisect.bisect_right(offsets, end - 1) - 1  # the chunk its newline came in
+        if k >= 0:
+            found.setdefault(raw.decode(errors="replace").rstrip("\r"), entries[k][1])
+    return found

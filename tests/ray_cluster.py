@@ -79,7 +79,7 @@ class RayDevCluster:
         SESSION_PIDS.difference_update(p.pid for p in self.procs if p.poll() is not None)  # nodes killed earlier
         alive = sum(n["alive"] and n["id"] not in self.killed for n in self.query()["nodes"])
         for _ in range(count - alive):
-            for attempt in range(3):  # `ray start` gives a node 30 s to register, which a loaded machine can miss
+            for _attempt in range(3):  # `ray start` gives a node 30 s to register, which a loaded machine can miss
                 name = f"node{len(self.procs)}"
                 self._spawn([str(Path(sys.executable).parent / "ray"), "start", f"--address={self.address}",
                              *self.common], name)

@@ -18,11 +18,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import psutil
 
-from tests.helpers import QUICK, command_line, launcher_env
+from tests.helpers import QUICK, Stamped, command_line, launcher_env, log_line_times
 from tests.ray_cluster import RayDevCluster, ray_env
 
 NOTHING_LEFT = {"placement_groups": [], "actors": []}
@@ -39,6 +39,17 @@ def _launcher(args: List[str], cwd: Path, env: Dict[str, str], timeout: float) -
         out, err = proc.communicate()
         return subprocess.CompletedProcess(proc.args, -9, out, err + f"\n[ray launch] not done in {timeout:g}s: a hang")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _stamped_launcher(args: List[str], cwd: Path, env: Dict[str, str], timeout: float) -> Tuple[subprocess.CompletedProcess, List]:
+    """_launcher's, with every output line's arrival time (tests.helpers.Stamped)."""
+    run = Stamped([sys.executable, "-m", "launcher", *args], cwd, env)
+    try:
+        code = run.finish(timeout)
+    except AssertionError as e:
+        return subprocess.CompletedProcess(run.proc.args, -9, run.text("out"), run.text("err") +
+                                           f"\n[ray launch] not done in {timeout:g}s: a hang ({e})"), run.lines
+    return subprocess.CompletedProcess(run.proc.args, code, run.text("out"), run.text("err")), run.lines
 
 
 def _processes_naming(run_dir: Path) -> List[int]:
@@ -68,10 +79,14 @@ def launch_once(k: int, cancel: bool, root: Path, cluster: RayDevCluster, timeou
     env = ray_env(cluster)
     args = ["--cluster", "ray", "--nodes", "2", "--gpus", "1", f"output_dir={runs}", *QUICK, "wandb.mode=disabled"]
     started = time.monotonic()
+    late: List[float] = []
     if not cancel:
-        done = _launcher([*args, "--wait", "trainer.steps=60"], code, env, timeout)
+        done, stamped = _stamped_launcher([*args, "--wait", "trainer.steps=60"], code, env, timeout)
         run_dir = next(runs.glob("2*"), runs)
         ok = done.returncode == 0 and _status(run_dir) == "completed"
+        if ok:  # each of rank 0's lines --wait printed: how long after the node's launcher got it (its log's times)
+            arrived = log_line_times(run_dir / "logs" / "rank-0.log")
+            late = [at - arrived[text] for at, stream, text in stamped if stream == "out" and text in arrived]
     else:
         done = _launcher([*args, "trainer.steps=1000000"], code, {**env, **SLOW_FROM_10}, timeout)
         run_dir = next(runs.glob("2*"), runs)
@@ -82,6 +97,7 @@ def launch_once(k: int, cancel: bool, root: Path, cluster: RayDevCluster, timeou
         ok = done.returncode == 0 and stop.returncode == 0 and _status(run_dir) == "interrupted"
         done = subprocess.CompletedProcess(done.args, stop.returncode, done.stdout + stop.stdout, done.stderr + stop.stderr)
     result = {"launch": k, "kind": "cancel" if cancel else "wait", "code": done.returncode, "status": _status(run_dir),
+              "late_s": late,
               "wall_s": round(time.monotonic() - started, 2), "hang": done.returncode == -9,
               "processes_left": _processes_naming(run_dir), "cluster_left": cluster.leftovers()}
     result["ok"] = ok and result["cluster_left"] == NOTHING_LEFT and not result["processes_left"]

@@ -166,6 +166,13 @@ def failing_job(backend) -> Job:
 
 
 @pytest.fixture(scope="module")
+def exiting_job(backend) -> Job:
+    # rank 1 exits 3 with no error of its own; the others, in their barrier, fail at once on the connection it closed
+    exits = script("--fail-rank", "1", "--exit-code", "3")
+    return run_job(backend, "script-exits", lambda out: ["wandb.mode=disabled", *exits(out)])
+
+
+@pytest.fixture(scope="module")
 def trainer_job(backend) -> Job:
     # W&B is outside this contract (tests/test_metrics_runs.py has it); off, its service costs no start-up here
     trainer = [*QUICK, f"trainer.steps={TRAINER_STEPS}", "trainer.log_every=10", "wandb.mode=disabled"]
@@ -216,6 +223,16 @@ def test_a_failing_rank_fails_the_job_and_is_named_with_its_error(backend, faili
     assert summary["status"] == "failed", summary
     assert "rank 1 failed" in summary["error"] and FAILURE in summary["error"], summary
     assert FAILURE in (failing_job.run_dir / "logs" / "rank-1.log").read_text()
+
+
+def test_the_rank_that_exited_first_is_blamed_not_the_peers_that_failed_on_it(backend, exiting_job):
+    assert exiting_job.codes[0] == 1, exiting_job.console[-3000:]
+    summary = read_summary(exiting_job.run_dir)
+    assert summary["status"] == "failed" and "rank 1 failed: exit code 3" in summary["error"], summary
+    assert (summary["root_cause"]["rank"], summary["root_cause"]["how"]) == (1, "exited"), summary["root_cause"]
+    verdicts = [line for line in exiting_job.console.splitlines()  # the launcher's last word (error: ..., SLURM job N
+                if line.startswith(("error:", "[launcher]")) and " failed: " in line]  # FAILED: ..., ...)
+    assert verdicts and "rank 1 failed: exit code 3" in verdicts[-1], exiting_job.console[-3000:]
 
 
 def test_the_run_directory_holds_config_plan_a_log_per_rank_and_the_summary(backend, script_job):

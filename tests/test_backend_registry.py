@@ -41,6 +41,20 @@ def test_the_registry_and_every_backend_load_no_torch_submitit_or_ray():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
+def test_ls_loads_no_engine_and_status_only_the_runs_own(tmp_path):
+    """The registry imports an engine's module only when that engine is asked: `ls` reads the runs' records alone,
+    `status` loads the one engine that made the run."""
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"kind": "simulated", "mode": "simulated", "world_size": 2}))
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    code = ("import sys; from launcher.cli import main; main(sys.argv[1:]); print(sorted(m for m in sys.modules "
+            "if m.startswith('launcher.backends.') and m.count('.') >= 2 and not m.endswith(('.base', '.registry'))))")
+    for argv, loaded in ((["ls", str(tmp_path)], "[]"), (["status", str(run)], "['launcher.backends.here']")):
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert done.returncode == 0 and done.stdout.splitlines()[-1] == loaded, (argv, done.stdout + done.stderr)
+
+
 def test_a_runs_kind_is_its_record_and_an_older_runs_is_guessed_from_its_files():
     assert run_kind({"kind": "ray", "cluster": "ray"}, {"kind": "multinode", "mode": "static"}) == ("ray", True)
     assert run_kind({}, {"kind": "simulated", "mode": "simulated"}) == ("simulated", True)
@@ -90,3 +104,29 @@ def test_status_and_cancel_work_on_a_run_on_this_machine(tmp_path):
 def test_status_of_no_run_is_one_line_naming_what_to_pass(tmp_path):
     done = run_launcher(["status", "nothing-here", "--output-dir", str(tmp_path)], cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "no run 'nothing-here'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_toy_engine_registered_from_outside_runs_a_job_with_its_own_section_and_allocation(tmp_path):
+    """tests/toy_engine.py, registered with one entry of $LAUNCHER_ENGINES (what a user's own engine does): --cluster
+    names it, its section's keys come from the command line and are checked by it, it adopts the allocation it
+    detects (its run id), and the run it made is listed with its kind."""
+    env = {"LAUNCHER_ENGINES": "toy=tests.toy_engine:BACKEND", "PYTHONPATH": str(REPO), "TOY_JOB_ID": "42"}
+    runs = tmp_path / "runs"
+    (tmp_path / "t.py").write_text("import os\nopen('ran-%s' % os.environ['RANK'], 'w').close()\n")
+    helped = run_launcher(["--help"], cwd=tmp_path, timeout=60, env=env)
+    assert "--cluster {local,toy,slurm,ray}" in helped.stdout, helped.stdout
+    assert "toy: run here through the toy engine (config: toy.*)" in " ".join(helped.stdout.split()), helped.stdout
+    bad = run_launcher(["--cluster", "toy", "toy.repeat=0", f"output_dir={runs}", "t.py"], cwd=tmp_path, timeout=60, env=env)
+    assert bad.returncode == 2 and bad.stderr == "error: toy.repeat=0 must be at least 1\n", bad.stderr
+    done = run_launcher(["--cluster", "toy", "--gpus", "1", "toy.greeting=hi", "toy.repeat=2", f"output_dir={runs}",
+                         "wandb.mode=disabled", "t.py"], cwd=tmp_path, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr
+    run = runs / "toy-42"  # the run id the toy allocation gave it
+    assert (tmp_path / "ran-0").exists() and read_summary(run)["status"] == "completed"
+    assert json.loads((run / "toy.json").read_text()) == {"greetings": ["hi", "hi"]}
+    assert "toy:\n  greeting: hi\n  repeat: 2\n" in (run / "config.yaml").read_text()
+    listed = run_launcher(["ls", str(runs), "--json"], cwd=tmp_path, timeout=60, env=env)
+    row = json.loads(listed.stdout)[0]
+    assert (row["run_id"], row["kind"], row["status"]) == ("toy-42", "toy", "completed") and not row.get("kind_guessed"), row
+    status = run_launcher(["status", str(run)], cwd=tmp_path, timeout=60, env=env)
+    assert status.returncode == 0 and "toy run toy-42 COMPLETED" in status.stdout, status.stdout + status.stderr

@@ -6,6 +6,7 @@ test_documented_count holds it to that.
 """
 
 import hashlib
+import importlib.util
 import os
 import json
 import re
@@ -60,6 +61,18 @@ def cases(tmp_path):
     repeated.write_text("trainer:\n  steps: 5\ntrainer:\n  lr: 0.1\n")
     no_slurm = tmp_path / "bin-without-slurm"  # the launcher runs as sys.executable: it needs nothing on PATH
     no_slurm.mkdir()
+    tagged = tmp_path / "set.yaml"
+    tagged.write_text("trainer: !!set {a, b}\n")
+    empty_key = tmp_path / "empty-key.yaml"
+    empty_key.write_text("trainer:\n  \"\": 5\n")
+    fifo = tmp_path / "members.fifo"
+    os.mkfifo(fifo)
+    elastic = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29556"]
+    unreachable = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "STORAGE_EMULATOR_HOST": "http://127.0.0.1:1",
+                   "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    no_credentials = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "",
+                      "AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "HOME": str(tmp_path)}
     return [
         (["--nodes", "0"], "--nodes=0 must be at least 1", None),
         (["--gpus", "0"], "--gpus=0 must be at least 1", None),
@@ -150,6 +163,44 @@ def cases(tmp_path):
         # scale's list of sizes (its own output_dir: argv[0] is the subcommand)
         (["scale", "--gpus", "1,,2", f"output_dir={tmp_path / 'runs'}"], "--gpus 1,,2: an empty size between commas", None),
         (["scale", "--gpus", "100000", f"output_dir={tmp_path / 'runs'}"], "--gpus=100000 is out of range: it must be in [1, 4096]", None),
+        # rendezvous options, checked before anything starts (torch would raise once the node meets the others)
+        ([*elastic, "--rdzv-conf", "last_call_timeout=abc", str(script)], "--rdzv-conf last_call_timeout=abc: last_call_timeout is", None),
+        ([*elastic, "--rdzv-conf", "read_timeout=-1", str(script)], "--rdzv-conf read_timeout=-1: read_timeout is", None),
+        (["--nodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29557", "rdzv.conf.last_call_timeout=abc"],
+         "rdzv.conf.last_call_timeout=abc: ", None),
+        (["rdzv.conf.keep_alive_interval=2.5"], "keep_alive_interval is seconds between a node's keep-alives", None),
+        (["--nproc-per-node", "\u00b2", str(script)], "--nproc-per-node \u00b2: the launcher takes a number, gpu, cpu or auto", None),
+        (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(script)],
+         "port 0 picks a free port, which the other nodes", None),
+        (["--rdzv-endpoint", "localhost:0"], "port 0 (a free port) is for one node", None),
+        # object-store URLs: a scheme that keeps the record, a bucket, one line for a store that cannot be used
+        (["output_dir=memory://x/y"], "output_dir=memory://x/y: memory:// keeps what is written in this process only", None),
+        (["checkpoint.dir=zip://x"], "checkpoint.dir=zip://x: zip:// takes no writes here", None),
+        (["output_dir=s3:///x"], "output_dir=s3:///x: names no bucket: write s3://BUCKET/PREFIX", None),
+        (["output_dir=s3://bucket/a\nb"], "the value holds a line break, which would be read as a space", None),
+        (["ls", "s3:///x"], "s3:///x: names no bucket", None),
+        (["ls", "memory://x"], "memory:// keeps what is written in this process only", None),
+        (["ls", "zip://x"], "zip:// takes no writes here", None),
+        (["ls", "s3://bucket/x"], "cannot reach the object store at http://127.0.0.1:1", unreachable),
+        (["checkpoint.dir=gs://bucket/x"], "checkpoint.dir=gs://bucket/x: cannot reach the object store at http://127.0.0.1:1 (",
+         unreachable),
+        (["ls", "s3://bucket/x"], "no credentials for s3:// were found (NoCredentialsError): set AWS_ACCESS_KEY_ID", no_credentials),
+        # config files and lists
+        (["--config", str(tagged)], "uses the YAML tag !!set (line 1), which is refused here", None),
+        (["trainer.lr=!!set {a}"], "the value uses the YAML tag !!set", None),
+        (["--config", str(empty_key)], "holds an empty (or null) key under 'trainer'", None),
+        (["sweep", "--list", str(fifo), f"output_dir={tmp_path / 'runs'}"], f"--list {fifo} is not a regular file", None),
+        # messages that named another problem than the real one
+        (["--nnodes", "1:2", "--standalone", str(script)], "--nnodes 1:2 asks for up to 2", None),
+        (["--nodes", "-1:2"], "--nodes -1:2: MIN:MAX needs 1 <= MIN <= MAX", None),
+        (["trainer.max-grad-norm=1.0"], "config keys are spelled with '_', not '-': write trainer.max_grad_norm=1.0", None),
+        (["trainer.st\udcffeps=5"], "override trainer.st\\xffeps=...: the key holds bytes that are not UTF-8 text", None),
+        (["trainer.steps-=5"], "'-=' is not an override's form: write trainer.steps=5", None),
+        (["=5"], "'=5' has no key before '='", None),
+        (["wandb.tags=a,b"], "wandb.tags is a list: write wandb.tags=[a,b]", None),
+        (["launcher.role="], "launcher.role was given no value: give one, e.g. launcher.role=default", None),
+        (["ls", str(tmp_path / "adir"), "--since", "-5m"], "--since -5m: say how long ago without a sign", None),
+        (["cluster=ray"], "--cluster ray needs the cluster's address", {"RAY_ADDRESS": ""}),
     ]
 
 
@@ -160,7 +211,7 @@ def snapshot(root: Path) -> dict:
 
 
 def with_output_dir(argv: List[str], out: Path) -> List[str]:
-    own_dir = argv[0] in ("resume", "scale") or any(a.startswith("output_dir=") for a in argv)
+    own_dir = argv[0] in ("resume", "scale", "sweep", "ls") or any(a.startswith("output_dir=") for a in argv)
     return [*argv] if own_dir else [f"output_dir={out}", *argv]
 
 
@@ -198,6 +249,33 @@ def test_a_sample_of_the_table_reads_the_same_from_a_fresh_interpreter(tmp_path)
             assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
+def where_this_machine_allows(tmp_path: Path) -> list:
+    """Cases that need what a machine may or may not have: hdfs:// without pyarrow (where it is installed, it is
+    used), and `ls` of a folder that is there but may not be read (/proc/1/root for a root without CAP_SYS_PTRACE,
+    as in a container)."""
+    found = []
+    if importlib.util.find_spec("pyarrow") is None:
+        found.append((["checkpoint.dir=hdfs://nn/x"], "checkpoint.dir=hdfs://nn/x: hdfs:// needs a package that is "
+                      "not installed: pip install pyarrow"))
+        found.append((["ls", "hdfs://nn/x"], "hdfs:// needs a package that is not installed"))
+    try:
+        os.scandir("/proc/1/root").close()
+    except PermissionError:
+        found.append((["ls", "--json", "/proc/1/root"], "/proc/1/root: cannot read it (Permission denied)"))
+    return found
+
+
+def test_what_this_machine_lacks_or_may_not_read_is_one_line(tmp_path):
+    cases = where_this_machine_allows(tmp_path)
+    if not cases:
+        pytest.skip("pyarrow is installed and /proc/1/root is readable here")
+    with ForkedCli(tmp_path) as cli:
+        for argv, words in cases:
+            before = snapshot(tmp_path)
+            assert_refused(argv, words, cli.run(with_output_dir(argv, tmp_path / "runs"), cwd=tmp_path))
+            assert snapshot(tmp_path) == before, argv
+
+
 def test_an_unknown_keys_value_is_not_echoed(tmp_path):
     result = run_launcher(["trainer.api_key=sk-live-123456", f"output_dir={tmp_path}"], cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and "trainer.api_key" in result.stderr
@@ -217,7 +295,8 @@ def test_a_script_argument_in_bytes_reaches_the_script_unchanged(tmp_path):
     write them as \\uDCxx escapes; config.yaml reads back to the same arguments)."""
     script = tmp_path / "argv.py"
     script.write_text("import os, sys\n"
-                      "open(os.path.join(os.path.dirname(__file__), 'argv.out'), 'w').write(repr([os.fsencode(a) for a in sys.argv[1:]]))\n")
+                      "open(os.path.join(os.path.dirname(__file__), 'argv.out'), 'w')"
+                      ".write(repr([os.fsencode(a) for a in sys.argv[1:]]))\n")
     raw = os.fsdecode(b"\xff\xfe-not-utf8")  # what sys.argv holds for these bytes
     result = run_launcher([f"output_dir={tmp_path / 'runs'}", "--gpus", "1", str(script), raw, "b c"], cwd=tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.board.views import heatmap, inside
-from tests.board_helpers import Board, board, browser_page, get, get_json, needs_browser
+from tests.board_helpers import Board, assert_not_blank, board, browser_page, get, get_json, needs_browser, screenshot
 from tests.helpers import NO_WANDB, QUIET, REPO, kill_group, read_metrics, run_bounded, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,7 +46,8 @@ def test_inside_keeps_every_path_under_the_output_directory(tmp_path):
 
 def test_heatmap_is_ranks_by_log_steps():
     rows = [{"step": 5, "step_time_s_per_rank": [0.01, 0.05]}, {"step": 10}, {"step": 15, "step_time_s_per_rank": [0.02, 0.06]}]
-    assert heatmap(rows, "step_time_s_per_rank") == {"steps": [5, 15], "ranks": [0, 1], "z": [[0.01, 0.02], [0.05, 0.06]]}
+    assert heatmap(rows, "step_time_s_per_rank") == {"steps": [5, 15], "ranks": [0, 1], "z": [[0.01, 0.02], [0.05, 0.06]],
+                                                     "what": "step time"}
 
 
 def ls_json(root: Path) -> list:
@@ -142,8 +143,14 @@ def test_a_scripts_run_view_has_its_step_rate_ranks_memory_and_every_launcher_lo
     assert view["status"] == "completed" and view["steps"] is None and view["step"] == 3 * 1024 // 2 // 16
     assert [s for s in view["series"]["steps_per_s"] if s] and [s for s in view["series"]["loss"] if s]
     assert view["step_times"]["ranks"] == [0, 1] and len(view["memory"]["mb"]) == 2
-    assert set(view["logged"]) == {"lr", "seen_per_rank"}  # loss has its own chart
-    assert len(view["logged"]["seen_per_rank"]) == 2 and set(v for v in view["logged"]["lr"] if v) == {0.05}
+    # every launcher.log call, from series/rank-<k>.jsonl: one a step (loss and lr rank 0's, seen every rank's)
+    logged = view["logged"]
+    assert set(logged) == {"loss", "lr", "seen"} and not any(c["own_step"] for c in logged.values())
+    assert logged["lr"]["calls"] == logged["lr"]["shown"] == view["step"] and set(logged["lr"]["traces"][0]["y"]) == {0.05}
+    assert logged["lr"]["traces"][0]["x"] == list(range(1, view["step"] + 1))
+    assert [t["name"] for t in logged["seen"]["traces"]] == ["rank 0", "rank 1"] and logged["seen"]["calls"] == 2 * view["step"]
+    ranks = view["time"]["ranks"]  # where the time went: each rank's compute and wait
+    assert len(ranks["compute"]) == len(ranks["wait"]) == 2 and min(ranks["compute"]) > 0
 
 
 @needs_browser
@@ -151,7 +158,9 @@ def test_a_scripts_page_draws_its_launcher_log_series(script_runs):
     with board(script_runs) as b, browser_page() as page:
         page.goto(b.url("/run?path=script"))
         page.wait_for_selector("#logged-charts .chart .main-svg")
-        assert page.locator("#logged-charts .chart").count() == 2
+        assert page.locator("#logged-charts .chart").count() == 2  # lr and seen; loss is the loss chart, every call
+        assert page.text_content("#loss .gtitle").startswith("loss (launcher.log: ")
+        assert page.locator("#time-ranks .bars .point").count() == 4  # compute and wait of each rank
         assert page.locator("#throughput .scatterlayer .trace").count() == 1
         assert page.locator("#heatmap .hm").count() == 1
         assert page.errors == []
@@ -172,9 +181,14 @@ def test_restarts_and_hang_verdicts_show_in_the_run_view(tmp_path):
         hang = get_json(b.url("/api/run?path=hung"))
     assert restarted["status"] == "completed" and restarted["restarts"] == 1 and restarted["step"] == 30
     texts = [e["text"] for e in restarted["events"]]
-    assert texts[0] == "attempt 0 failed" and any("rank 1 failed" in t and "restarting" in t for t in texts), texts
+    assert any("rank 1 failed" in t and "restarting" in t for t in texts), texts
+    # the restart is marked at the failed attempt's last step: the fault's, step 5 (or the one before it)
+    (restart,) = [e for e in restarted["events"] if e["kind"] == "restart"]
+    assert restart["text"] == "attempt 0 failed" and restart["step"] in (4, 5), restart
     assert hang["status"] == "failed" and "hang" in hang["summary"]["error"], hang["summary"]
     assert any("watchdog: ranks made no progress" in e["text"] for e in hang["events"]), hang["events"]
+    (verdict,) = [e for e in hang["events"] if e["kind"] == "hang"]  # no restart left: the watchdog's own line
+    assert verdict["text"].startswith("watchdog: ranks made no progress") and verdict["step"] in (4, 5), verdict
 
 
 # --- the page, in a real browser -----------------------------------------------------------------------------
@@ -186,12 +200,15 @@ def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
         page.wait_for_selector("#runs tbody tr")
         on_screen = {tr.get_attribute("data-run-id"): tr.inner_text().split("\t")
                      for tr in page.query_selector_all("#runs tbody tr.run")}
-        expected = {row["run_id"]: row for row in ls_json(runs)}
-        assert set(on_screen) == set(expected) and "done" in on_screen
+        listed = ls_json(runs)
+        expected = {row["run_id"]: row for row in listed}
+        assert list(on_screen) == [row["run_id"] for row in listed][::-1] and "done" in on_screen  # newest first
         for run_id, cells in on_screen.items():
             row = expected[run_id]
             progress = "" if row["step"] is None else f"{row['step']}/{row['steps']}" if row["steps"] else str(row["step"])
-            assert cells[1:4] == [row["kind"], row["status"], progress], cells
+            loss = "" if row["loss"] is None else f"{row['loss']:.4f}"
+            assert cells[1:6] == [row["kind"], row["what"] or "", row["status"], progress, loss], cells
+        assert on_screen["done"][2] == "ddp mlp" and float(on_screen["done"][5]) > 0
         page.click("#runs a:text('done')")
         page.wait_for_selector("#heatmap .main-svg")
         assert page.inner_text("#step") == "step 20/20" and "completed" in page.inner_text("#status")
@@ -206,11 +223,24 @@ def test_the_page_shows_the_run_list_a_run_and_its_logs_by_rank(runs):
         assert page.errors == []
 
 
+LIVE_STEPS = 300
+
+
+def the_rate_past_the_first_steps(b: Board) -> dict:
+    """The live header once its rate is measured over steps past the first ones (polls of the page and this one)."""
+    deadline = time.monotonic() + 60
+    while True:
+        live = get_json(b.url("/api/run?path=live"))["live"]
+        if live.get("eta_s") is not None and live["step"] - live["rate_steps"] >= 3 or time.monotonic() > deadline:
+            return live
+        time.sleep(1.0)
+
+
 @needs_browser
 def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
     # both ranks sleep 1 s a step from step 2 (no CPU, where full speed burnt 2 cores while the browser started)
     slow = {"LAUNCHER_INJECT_FAULT": "rank=0,step=2,action=slow;rank=1,step=2,action=slow"}
-    job = start_launcher(["--gpus", "2", f"output_dir={runs}", "run_id=live", "trainer.steps=1000000",
+    job = start_launcher(["--gpus", "2", f"output_dir={runs}", "run_id=live", f"trainer.steps={LIVE_STEPS}",
                           "trainer.log_every=1", *QUIET], cwd=tmp_path, env=slow)
     try:
         deadline = time.monotonic() + 120
@@ -223,8 +253,20 @@ def test_a_running_job_advances_on_screen_and_shows_as_running(runs, tmp_path):
                                    timeout=180_000)
             first = int(re.search(r"step (\d+)/", step.inner_text()).group(1))
             assert page.inner_text("#status") == "status: running"
-            page.wait_for_function(f"parseInt(((document.querySelector('#step')?.textContent || '').match(/step (\\d+)/) || [0, 0])[1]) > {first}",
-                                   timeout=60_000)
+            page.wait_for_function("parseInt(((document.querySelector('#step')?.textContent || '')"
+                                   f".match(/step (\\d+)/) || [0, 0])[1]) > {first}", timeout=60_000)
+            live = the_rate_past_the_first_steps(b)
+            # a step a second (each sleeps 1 s from step 2): the ETA is the steps left at that rate, start-up aside
+            assert 0.4 <= live["step_rate"] <= 1.02 and live["step"] - live["rate_steps"] >= 3, live
+            left = LIVE_STEPS - live["step"]
+            assert left * 0.98 <= live["eta_s"] <= left / 0.4, live
+            page.wait_for_function("(() => { const m = (document.querySelector('#eta')?.textContent || '').match("
+                                   "/over the last (\\d+) steps?\\)/), s = (document.querySelector('#step')?.textContent || '')"
+                                   ".match(/step (\\d+)/); return m && s && s[1] - m[1] >= 3; })()")
+            shown = re.match(r"ETA (\d+):(\d\d) \(at ([\d.]+) steps/s over the last (\d+) steps?\)", page.inner_text("#eta"))
+            assert shown and left * 0.9 - 5 <= 60 * int(shown[1]) + int(shown[2]) <= left / 0.4 + 5, page.inner_text("#eta")
+            assert re.fullmatch(r"now [\d,]+ samples/s", page.inner_text("#rate")), page.inner_text("#rate")
+            assert_not_blank(screenshot(page, tmp_path / "live-run.png"), drawn=0.05)
             page.goto(b.base + "/")  # the cookie the first page left: no token needed again
             page.wait_for_selector("#runs tr[data-run-id='live'] td.status")
             assert page.inner_text("#runs tr[data-run-id='live'] td.status") == "running"
@@ -256,8 +298,8 @@ def test_a_sweep_shows_its_members_and_a_failed_member_its_failure(tmp_path):
     with board(out) as b, browser_page() as page:
         page.goto(b.url("/"))
         page.wait_for_selector("#runs tr.member")
-        assert [tr.inner_text().split("\t")[:3] for tr in page.query_selector_all("#runs tr.member")] == [
-            ["trainer.steps=8", "local", "completed"], ["trainer.steps=12", "local", "failed"]]
+        assert [tr.inner_text().split("\t")[:4] for tr in page.query_selector_all("#runs tr.member")] == [
+            ["trainer.steps=8", "local", "ddp mlp", "completed"], ["trainer.steps=12", "local", "ddp mlp", "failed"]]
         page.click("#runs tr.run a")
         page.wait_for_selector("#group-table td")
         assert page.inner_text("#status") == "status: failed" and page.locator("#chart-0 .bars").count() == 1

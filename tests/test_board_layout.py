@@ -8,7 +8,6 @@ board only reads those files. Each page is also saved as a PNG in the test's tmp
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shutil
@@ -19,7 +18,7 @@ from typing import Any, Dict, List
 import pytest
 
 from launcher.rundir import finish
-from tests.board_helpers import board, browser_page, needs_browser
+from tests.board_helpers import assert_not_blank, board, browser_page, laid_out, needs_browser, screenshot
 from tests.test_board import runs  # noqa: F401  (the real completed 2-rank run: a module fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_browser]
@@ -62,36 +61,6 @@ def output(runs: Path) -> Path:  # noqa: F811
     return runs
 
 
-# The layout's faults, as the browser lays the page out: a mode bar over any title, a tick label, axis title,
-# chart title, legend or colour-bar label outside its chart's svg, a chart with nothing drawn in it.
-LAYOUT_FAULTS = """() => {
-  const box = e => e.getBoundingClientRect();
-  const meets = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-  const charts = [...document.querySelectorAll(".js-plotly-plot")];
-  const titles = charts.flatMap(c => [...c.querySelectorAll(".gtitle")]);
-  const faults = [];
-  let modebars = 0;
-  for (const chart of charts) {
-    const svg = box(chart.querySelector(".main-svg"));
-    for (const bar of chart.querySelectorAll(".modebar")) {
-      modebars += 1;
-      for (const title of titles) {
-        if (meets(box(bar), box(title))) faults.push(`${chart.id}: the mode bar covers the title "${title.textContent}"`);
-      }
-    }
-    const labels = chart.querySelectorAll(".xtick text, .ytick text, .g-xtitle text, .g-ytitle text, .gtitle, " +
-                                          ".colorbar text, .legend text");
-    for (const label of labels) {
-      const b = box(label);
-      if (!label.textContent || !b.width) continue;
-      if (b.left < svg.left - 0.5 || b.right > svg.right + 0.5 || b.top < svg.top - 0.5 || b.bottom > svg.bottom + 0.5)
-        faults.push(`${chart.id}: "${label.textContent}" lies outside its chart`);
-    }
-    if (!chart.querySelector(".scatterlayer .trace, .hm, .bars .point")) faults.push(`${chart.id}: an empty chart`);
-  }
-  return {charts: charts.map(c => c.id), titles: titles.length, modebars, faults};
-}"""
-
 # Every tick label on an axis of counts (steps, ranks, workers) and every count in a table column.
 COUNT_TEXTS = """() => {
   const texts = [];
@@ -104,44 +73,13 @@ COUNT_TEXTS = """() => {
   for (const table of document.querySelectorAll("table")) {
     const columns = [...table.querySelectorAll("th")].map(th => th.textContent);
     for (const tr of table.querySelectorAll("tbody tr")) {
-      [...tr.children].forEach((td, i) => { if (["restarts", "workers", "nodes"].includes(columns[i]) && td.textContent) texts.push(td.textContent); });
+      [...tr.children].forEach((td, i) => {
+        if (["restarts", "workers", "nodes"].includes(columns[i]) && td.textContent) texts.push(td.textContent);
+      });
     }
   }
   return texts;
 }"""
-
-
-def laid_out(page: Any, charts: int) -> Dict[str, Any]:
-    """The page's layout faults once charts charts are drawn, each hovered first (its mode bar shows on hover)."""
-    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg .gtitle').length >= {charts}")
-    for chart in page.query_selector_all(".js-plotly-plot"):
-        chart.hover()
-    page.wait_for_timeout(300)
-    return page.evaluate(LAYOUT_FAULTS)
-
-
-def screenshot(page: Any, path: Path) -> Dict[str, float]:
-    """A full-page PNG at path, decoded back by the browser: its size, its colours and how much is not background."""
-    png = page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size == len(png) > 10_000, path
-    return page.evaluate("""async (src) => {
-      const img = new Image(); img.src = src; await img.decode();
-      const canvas = Object.assign(document.createElement("canvas"), {width: img.width, height: img.height});
-      const ctx = canvas.getContext("2d"); ctx.drawImage(img, 0, 0);
-      const data = ctx.getImageData(0, 0, img.width, img.height).data;
-      const counts = new Map();
-      for (let i = 0; i < data.length; i += 4) {
-        const key = (data[i] >> 3) << 10 | (data[i + 1] >> 3) << 5 | data[i + 2] >> 3;
-        counts.set(key, (counts.get(key) || 0) + 1);
-      }
-      const background = Math.max(...counts.values());
-      return {width: img.width, height: img.height, colours: counts.size, drawn: 1 - background / (img.width * img.height)};
-    }""", "data:image/png;base64," + base64.b64encode(png).decode())
-
-
-def assert_not_blank(shot: Dict[str, float], drawn: float) -> None:
-    assert shot["width"] >= 1280 and shot["height"] >= 600, shot
-    assert shot["colours"] >= 20 and shot["drawn"] >= drawn, shot
 
 
 def visible_facts(page: Any) -> List[str]:
@@ -151,9 +89,9 @@ def visible_facts(page: Any) -> List[str]:
 def test_a_finished_runs_charts_keep_their_titles_and_labels_clear(output, tmp_path):
     with board(output) as b, browser_page() as page:
         page.goto(b.url("/run?path=done"))
-        layout = laid_out(page, 4)
-        assert layout["charts"] == ["loss", "throughput", "heatmap", "memory"], layout
-        assert layout["modebars"] == 4 and layout["titles"] == 4 and layout["faults"] == [], layout
+        layout = laid_out(page, 6)
+        assert layout["charts"] == ["loss", "throughput", "heatmap", "memory", "time-phases", "time-badput"], layout
+        assert layout["modebars"] == 6 and layout["titles"] == 6 and layout["faults"] == [], layout
         counts = page.evaluate(COUNT_TEXTS)
         assert len(counts) >= 10 and all(re.match(COUNT, t) for t in counts), counts
         facts = visible_facts(page)
@@ -172,7 +110,9 @@ def test_a_failed_run_leads_with_its_root_cause_and_shows_no_empty_chart_or_blan
         first = page.evaluate("document.querySelector('#title').nextElementSibling.id")
         assert first == "failure" and page.inner_text("#failure-head") == "root cause: rank 1 failed first"
         assert page.inner_text("#failure-error") == summary["error"] and "ValueError: boom" in page.inner_text("#failure-traceback")
-        assert page.locator(".chart").count() == 0 and page.locator(".js-plotly-plot").count() == 0
+        # no chart of steps it never made: only where its wall time went (all of it lost)
+        assert [c.get_attribute("id") for c in page.query_selector_all(".chart")] == ["time-badput"]
+        assert "0% kept" in page.text_content("#time-badput .gtitle")
         facts = visible_facts(page)
         assert facts == ["status: failed", "restarts: 0", "world size 2 on 1 node", "goodput 0%"], facts
         text = page.inner_text("#main")

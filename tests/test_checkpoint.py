@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from tests.helpers import QUICK, REPO, launcher_env, only_run_dir, run_launcher
 from launcher.trainers.checkpoint import store as ckpt
-from launcher.trainers.checkpoint import files
+from launcher.runtime import checkpoints as files
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,7 +2,6 @@
 per-rank logs byte for byte what each rank wrote, and the job's worker count announced as the job's.
 """
 
-import sys
 from pathlib import Path
 
 import pytest

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import only_run_dir, read_summary, run_launcher
-from launcher.trainers.checkpoint.files import list_checkpoints, verify
+from launcher.runtime.checkpoints import list_checkpoints, verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

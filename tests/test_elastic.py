@@ -6,6 +6,7 @@ the quick model. A node agent is killed by its pid while its rank hangs at a kno
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def _kept_steps(run_dir: Path) -> Dict[int, List[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nodes, steps", [("1:2", 60), ("2:3", 40)], ids=["one-of-2", "one-of-3"])
+@pytest.mark.parametrize("nodes, steps", [pytest.param("1:2", 60, marks=pytest.mark.compat), ("2:3", 40)],
+                         ids=["one-of-2", "one-of-3"])
 def test_simulated_job_loses_a_node_and_completes_on_the_others(tmp_path, nodes, steps):
     """Epoch 0 across the change, resumed from step 10: one of 2 is 10 steps of 2 x 16, then 44 of 16; one of 3
     is 10 steps of 3 x 16, then 17 of 2 x 16 (1024 samples either way, none left for drop_last)."""
@@ -229,6 +231,7 @@ def _wait_for_line(path: Path, text: str, deadline: float, procs: List[subproces
 
 
 @pytest.mark.slow
+@pytest.mark.compat
 def test_a_node_that_joins_a_running_job_is_admitted(tmp_path):
     """Node A trains alone (--nodes 1:2); node B, started with the same command, is taken in at once: A's workers
     stop at a step boundary with a checkpoint (not counted against --max-restarts 0), and both resume from it."""
@@ -254,6 +257,9 @@ def test_a_node_that_joins_a_running_job_is_admitted(tmp_path):
             kill_group(proc)
     assert [p.returncode for p in procs] == [0, 0], outs
     assert f"membership changed (joined: 127.0.0.1:{procs[1].pid}): 2 nodes, world size 2" in outs[0], outs[0]
+    rounds = re.findall(r"elastic round (\d+): running (\d+) workers? on (\d+) nodes? \(--nodes 1:2\)", outs[0] + outs[1])
+    assert rounds[0][1:] == ("1", "1") and rounds[-1][1:] == ("2", "2"), rounds  # what ran, each round, not the 2 at most
+    assert len({r[0] for r in rounds}) == len(rounds), rounds  # one line a round: the node that holds group rank 0
     run_dir = only_run_dir(tmp_path)
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["steps"] == steps

@@ -1,5 +1,5 @@
 """Ordinary user scripts launched many times in a row all finish: the intermittent hang at exit with
-forked warm workers (shared FACTS.md) stays fixed.
+forked warm workers (docs/architecture.md) stays fixed.
 
 Two torchrun-style scripts (tests/scripts/stress_*.py) in five shapes, launched round-robin, 5
 launches in all by default, one of each shape (LAUNCHER_STRESS_LAUNCHES=N for more or fewer). A launch counts as bad
@@ -164,18 +164,18 @@ def _kill(p: psutil.Process) -> None:
 def report(launches: List[Launch], planned: int) -> str:
     lines = [f"{len(launches)} of {planned} launches ran"]
     for shape in SHAPES:
-        mine = [l for l in launches if l.shape is shape]
+        mine = [one for one in launches if one.shape is shape]
         if mine:
-            times = sorted(l.seconds for l in mine if l.returncode is not None)
-            lags = [l.exit_lag for l in mine if l.returncode is not None and l.exit_lag is not None]
+            times = sorted(one.seconds for one in mine if one.returncode is not None)
+            lags = [one.exit_lag for one in mine if one.returncode is not None and one.exit_lag is not None]
             timing = f"median {times[len(times) // 2]:.1f}s, max {times[-1]:.1f}s" if times else "none finished"
             lag = f", exit lag max {max(lags):.1f}s" if lags else ""
-            lines.append(f"  {shape.name:<32} {sum(l.bad is not None for l in mine)} bad of {len(mine)}, {timing}{lag}")
-    for l in launches:
-        if l.bad:
-            tail = "\n".join(l.stderr.strip().splitlines()[-15:])
-            lines.append(f"--- {l.shape.name}, its launch {l.iteration} (launch {l.number} overall, {l.seconds:.1f}s): "
-                         f"{l.bad}\nstderr tail:\n{tail}")
+            lines.append(f"  {shape.name:<32} {sum(one.bad is not None for one in mine)} bad of {len(mine)}, {timing}{lag}")
+    for one in launches:
+        if one.bad:
+            tail = "\n".join(one.stderr.strip().splitlines()[-15:])
+            lines.append(f"--- {one.shape.name}, its launch {one.iteration} (launch {one.number} overall, {one.seconds:.1f}s): "
+                         f"{one.bad}\nstderr tail:\n{tail}")
     return "\n".join(lines)
 
 
@@ -185,13 +185,13 @@ def test_many_launches_all_finish(tmp_path):
     launches: List[Launch] = []
     started = time.monotonic()
     for n, shape in enumerate(plan):
-        if sum(l.bad is not None for l in launches) >= ENOUGH_BAD:
+        if sum(one.bad is not None for one in launches) >= ENOUGH_BAD:
             break
         if time.monotonic() - started + LAUNCH_TIMEOUT_S + 30 > MODULE_TIMEOUT_S:
             break  # fail with the report below rather than be cut off mid-launch by pytest-timeout
         seen[shape.name] += 1
         launches.append(launch(shape, n + 1, seen[shape.name], tmp_path / f"{n:03d}"))
-    bad = [l for l in launches if l.bad]
+    bad = [one for one in launches if one.bad]
     summary = report(launches, len(plan))
     # the per-shape timings, also when everything passed (pytest -s or -rP)
     print(f"{summary}\n{time.monotonic() - started:.0f}s for {len(launches)} launches")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.helpers import QUIET, only_run_dir, read_metrics, read_summary, run_launcher
-from launcher.trainers.metrics.goodput import CAUSES, account
+from launcher.runtime.goodput import CAUSES, account
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -52,6 +52,7 @@ def check_caught(tmp_path, proc, workers, out, started):
     return run_dir, summary["error"]
 
 
+@pytest.mark.compat
 def test_a_rank_that_stops_mid_training_is_named(tmp_path):
     started = time.monotonic()
     proc, workers = launch(tmp_path, ["--gpus", "2"], ["--hang", "1", "--at", "8"])

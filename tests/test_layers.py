@@ -1,9 +1,11 @@
 """The project's layering (tests/layering.py reads it from the imports; nothing is imported or started).
 
-Five rules: no import cycles among the project's modules; no module takes another module's
-private name; trainers/ know only the runtime contract of launcher/ (launcher.runtime); no module
-over 400 lines; launcher/ (and trainers/) is not one flat folder. Each rule is checked against the real tree, and
-against small synthetic trees to prove that it can fail (and does not fire on what it allows).
+Six rules: no import cycles among the project's modules; no module takes another module's
+private name; trainers/ know only the runtime contract of launcher/ (launcher.runtime); launcher/ imports
+trainers/ only where it runs the built-in trainer (trainers/ is an optional leaf: the run records' formats are
+launcher.runtime's); no module over 400 lines; launcher/ (and trainers/) is not one flat folder. Each rule is
+checked against the real tree, and against small synthetic trees to prove that it can fail (and does not fire
+on what it allows).
 """
 
 from __future__ import annotations
@@ -13,9 +15,24 @@ from typing import Callable
 
 import pytest
 
-from tests.layering import (PACKAGES, PROJECT_ROOT, TRAINER_CONTRACT, flat_launcher_modules, import_cycles, oversized_modules, private_imports, scan_project, trainer_imports_outside_contract)
+from tests.layering import (PACKAGES, PROJECT_ROOT, TRAINER_CONTRACT, TRAINERS, flat_launcher_modules, import_cycles,
+                            oversized_modules, private_imports, scan_project, trainer_imports_outside_contract, within)
 
 MAX_FLAT_TRAINER_MODULES = 12
+# The launcher's modules that may import the built-in trainer, and why: each runs it or its models.
+RUN_THE_TRAINER = {
+    "launcher.worker.bootstrap": "the zygote of a built-in trainer job imports it before forking its workers",
+    "launcher.worker.trainer": "a worker runs the built-in trainer's loop (train) and its stop flag (STOP)",
+    "launcher.commands.speedup": "times the built-in models (MLP) in one process",
+}
+
+
+def launcher_imports_of_the_trainer(root: Path) -> list[str]:
+    """Rule 4: outside RUN_THE_TRAINER, launcher/ reads what the trainer writes through launcher.runtime."""
+    return sorted({f"{edge.source} imports {edge.target} (line {edge.line})"
+                   for edge in scan_project(root).edges
+                   if within(edge.target, TRAINERS) and not within(edge.source, TRAINERS) and not edge.implied
+                   and edge.source not in RUN_THE_TRAINER})
 
 
 # ---------------------------------------------------------------- the real tree
@@ -37,6 +54,15 @@ def test_trainers_import_only_the_runtime_contract():
     imports = trainer_imports_outside_contract(PROJECT_ROOT)
     if imports:
         pytest.fail(f"trainers/ may import only {TRAINER_CONTRACT}(.*):\n" + "\n".join(imports), pytrace=False)
+
+
+def test_the_launcher_imports_the_trainer_only_to_run_it():
+    imports = launcher_imports_of_the_trainer(PROJECT_ROOT)
+    if imports:
+        pytest.fail("launcher/ imports trainers/ outside the modules that run it (read its records through "
+                    "launcher.runtime, or add the module to RUN_THE_TRAINER with why):\n" + "\n".join(imports), pytrace=False)
+    found = {edge.source for edge in scan_project(PROJECT_ROOT).edges if within(edge.target, TRAINERS)}
+    assert set(RUN_THE_TRAINER) <= found, f"no longer imports the trainer: {set(RUN_THE_TRAINER) - found}"
 
 
 def test_no_module_over_400_lines():
@@ -116,6 +142,9 @@ FAILING_TREES: list[tuple[str, RuleCheck, dict[str, str], str]] = [
     ("trainers import the launcher package", trainer_imports_outside_contract,
      {"trainers/train.py": "from launcher import heartbeat\n"},
      "launcher.trainers.train imports launcher (line 1)"),
+    ("the launcher reads a trainer's module", launcher_imports_of_the_trainer,
+     {"trainers/metrics/goodput.py": "", "launcher/rundir.py": "from launcher.trainers.metrics.goodput import x\n"},
+     "launcher.rundir imports launcher.trainers.metrics.goodput (line 1)"),
     ("401-line module", oversized_modules,
      {"cluster/big.py": "x = 1\n" * 401},
      "cluster/big.py has 401 lines"),
@@ -148,6 +177,9 @@ PASSING_TREES: list[tuple[str, RuleCheck, dict[str, str]]] = [
     ("trainers use the runtime contract", trainer_imports_outside_contract,
      {"launcher/runtime/__init__.py": "", "launcher/runtime/env.py": "",
       "trainers/a.py": "import launcher.runtime\nfrom launcher.runtime.env import RANK\nfrom launcher import runtime\n"}),
+    ("the worker runs the trainer; the launcher reads the runtime", launcher_imports_of_the_trainer,
+     {"trainers/train.py": "from launcher.runtime.goodput import x\n", "launcher/runtime/goodput.py": "",
+      "launcher/worker/trainer.py": "from launcher.trainers.train import train\n"}),
     ("400-line module", oversized_modules, {"cluster/ok.py": "x = 1\n" * 400}),
     ("15 flat modules and a subpackage", flat_launcher_modules,
      {**{f"launcher/m{i}.py": "" for i in range(14)}, "launcher/sub/__init__.py": "", "launcher/sub/a.py": ""}),

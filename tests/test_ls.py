@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tests.helpers import QUIET, wait_while_running, free_port, group_processes, kill_group, launcher_env, run_launcher, start_launcher, wait_gone
+from tests.helpers import (QUIET, wait_while_running, free_port, group_processes, kill_group, launcher_env, run_launcher,
+                           run_stamped, start_launcher, wait_gone)
 from launcher.commands.ls import filter_rows, parse_since
 from launcher.runindex import list_runs
 
@@ -191,13 +192,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, words):
     assert list(tmp_path.iterdir()) == []
 
 
+def read_loss(run_dir):
+    from launcher.runtime.formatting import loss
+
+    return loss(json.loads((run_dir / "summary.json").read_text())["final_loss"])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_comparison_is_one_row_with_its_strategy_runs_and_simulated_nodes_are_their_kind(tmp_path):
+    """Also: compare says each strategy's run as it starts and as it ends (it said nothing for ~30 s a strategy)."""
     runs = tmp_path / "runs"
-    compared = run_launcher(["compare", "--gpus", "1", "strategies=ddp,fsdp", f"output_dir={runs}", "run_id=cmp",
-                             "trainer.steps=5", *QUIET], cwd=tmp_path, timeout=300)
-    assert compared.returncode == 0, compared.stderr
+    code, lines, _ = run_stamped([sys.executable, "-m", "launcher", "compare", "--gpus", "1", "strategies=ddp,fsdp",
+                                  f"output_dir={runs}", "run_id=cmp", "trainer.steps=5", *QUIET], tmp_path, 300)
+    err = [(at, line) for at, stream, line in lines if stream == "err"]
+    assert code == 0, err
+    assert err[0][1].startswith("compare compare-cmp: 2 strategies (ddp, fsdp), one run at a time"), err
+    for strategy in ("ddp", "fsdp"):
+        started = next(at for at, line in err if line.startswith(f"compare: {strategy}: starting ("))
+        ended = next(at for at, line in err if line.startswith(f"compare: {strategy}: completed in "))
+        written = (runs / "compare-cmp" / "runs" / strategy / "summary.json").stat().st_mtime
+        assert started < written <= ended, (started, written, ended)  # said before its run started, and once it ended
+    assert next(line for _, line in err if line.startswith("compare: ddp: completed")).endswith(" samples/s, loss " +
+        read_loss(runs / "compare-cmp" / "runs" / "ddp"))
     simulated = run_launcher(["--nodes", "2", "--gpus", "1", f"output_dir={runs}", "run_id=sim", "trainer.steps=5", *QUIET],
                              cwd=tmp_path, timeout=300)
     assert simulated.returncode == 0, simulated.stderr

@@ -2,10 +2,13 @@
 
 import json
 import socket
+import sys
+
+from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import QUICK, only_run_dir, read_metrics, read_summary, run_launcher
+from tests.helpers import QUICK, only_run_dir, read_metrics, read_summary, run_launcher, run_stamped
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -109,11 +112,22 @@ def test_wandb_online_without_a_server_warns_once_and_training_completes(tmp_pat
 
 
 def test_scale_sweep_writes_json_markdown_plot_and_prints_the_table(tmp_path):
-    result = run_launcher(["scale", "--gpus", "1,2", "--mode", "weak", "--rounds", "2", "--max-rounds", "2",
-                           "--spread", "0.000001", f"output_dir={tmp_path}", "trainer.steps=12", *QUICK],
-                          cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr
+    code, lines, _ = run_stamped([sys.executable, "-m", "launcher", "scale", "--gpus", "1,2", "--mode", "weak", "--rounds",
+                                  "2", "--max-rounds", "2", "--spread", "0.000001", f"output_dir={tmp_path}",
+                                  "trainer.steps=12", *QUICK], tmp_path, 300)
+    result = SimpleNamespace(stdout="\n".join(line for _, s, line in lines if s == "out"),
+                             stderr="\n".join(line for _, s, line in lines if s == "err"))
+    assert code == 0, result.stderr
     sweep = only_run_dir(tmp_path)
+    # each size's run is said as it starts and as it ends, with its throughput
+    out = [(at, line) for at, s, line in lines if s == "out"]
+    for workers, rounds in ((1, ("n1-g1", "n1-g1-r2")), (2, ("n1-g2", "n1-g2-r2"))):
+        for number, run_id in enumerate(rounds, 1):
+            size = f"scale: {workers} worker(s) (1 node x {workers})"
+            started = next(at for at, line in out if line == f"{size}, batch 16 per worker, round {number} ...")
+            ended = next(at for at, line in out if line.startswith(f"{size}, round {number}: completed in ")
+                         and line.endswith(" samples/s"))
+            assert started < (sweep / "runs" / run_id / "summary.json").stat().st_mtime <= ended, run_id
     scale = json.loads((sweep / "scale.json").read_text())
     assert scale["mode"] == "weak" and [s["world_size"] for s in scale["sizes"]] == [1, 2]
     for size in scale["sizes"]:

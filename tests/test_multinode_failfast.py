@@ -28,7 +28,7 @@ def test_usage_mistakes_exit_2_with_a_hint_and_start_nothing(tmp_path):
             (["--node-rank", "2", "--master-addr", "127.0.0.1"], "--node-rank 2 is outside 0..1 for --nodes 2"),
             (["--node-rank", "-1", "--master-addr", "127.0.0.1"], "--node-rank -1 is outside 0..1"),
             (static(0, 70000), "--master-port 70000 is outside 1..65535"),
-            (["--rdzv-endpoint", "127.0.0.1:0"], "port 0 is outside 1..65535"),
+            (["--rdzv-endpoint", "127.0.0.1:0"], "port 0 (a free port) is for one node"),
             (["--rdzv-endpoint", "nocolon"], "is not HOST:PORT"),
             (["--node-rank", "1"], "needs --master-addr HOST"),
             (["--node-rank", "1", "--master-addr", "no-such-host.invalid"], "--master-addr no-such-host.invalid does not resolve"),

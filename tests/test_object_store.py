@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -63,7 +64,7 @@ def test_killed_upload_then_resume_on_a_new_node_is_bitwise_the_uninterrupted_ru
         assert_no_secret(run_dir)
     # a damaged newest checkpoint is set aside and the one before it loads
     fs.pipe_file("ckpts/resume/step-00000024/rank-1.pt", b"not a checkpoint")
-    from launcher.trainers.checkpoint.files import latest_valid
+    from launcher.runtime.checkpoints import latest_valid
 
     warnings: List[str] = []
     assert latest_valid(url, warn=warnings.append, set_aside=True) == f"{url}/step-00000016"
@@ -157,9 +158,11 @@ def test_a_scheme_without_its_package_names_the_extra(tmp_path):
     """As where gcsfs is not installed: a `gcsfs` first on the path that cannot be imported (the test extra has it)."""
     (tmp_path / "absent" / "gcsfs").mkdir(parents=True)
     (tmp_path / "absent" / "gcsfs" / "__init__.py").write_text("raise ImportError(\"No module named 'gcsfs'\")\n")
-    result = run_launcher(["--dry-run", "checkpoint.dir=gs://bucket/x"], cwd=tmp_path, timeout=60,
-                          env={"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "absent"), os.environ.get("PYTHONPATH")]))})
-    assert result.returncode == 2 and "pip install 'torch-launcher[gcs]'" in result.stderr, result.stderr
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "absent"), os.environ.get("PYTHONPATH")]))}
+    for argv in (["--dry-run", "checkpoint.dir=gs://bucket/x"], ["ls", "gs://bucket/x"]):  # `ls URL` too, not a traceback
+        result = run_launcher(argv, cwd=tmp_path, timeout=60, env=env)
+        assert result.returncode == 2 and "pip install 'torch-launcher[gcs]'" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_checkpoints_in_gcs_resume_on_a_new_node_bitwise_as_the_uninterrupted_run(tmp_path, store_env, bucket_run, gcs, monkeypatch):
@@ -173,7 +176,7 @@ def test_checkpoints_in_gcs_resume_on_a_new_node_bitwise_as_the_uninterrupted_ru
                          env={**gcs, "LAUNCHER_INJECT_FAULT": "rank=1,step=12"})
     assert first.returncode not in (0, 2), first.stdout + first.stderr
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs["STORAGE_EMULATOR_HOST"])
-    from launcher.trainers.checkpoint.files import latest_valid
+    from launcher.runtime.checkpoints import latest_valid
 
     assert latest_valid(url) == f"{url}/step-00000008"  # published, every object matching its manifest
     second = run_launcher([*job(f"checkpoint.dir={url}", "checkpoint.every_steps=1000"), f"output_dir={tmp_path / 'node2'}"],
@@ -199,12 +202,90 @@ def test_a_store_that_stops_answering_ends_the_job_with_the_last_checkpoint_inta
     text = "".join(lines) + out
     assert proc.returncode not in (0, None), text
     assert "saving checkpoint step 16 to s3://ckpts/outage failed" in text, text
+    assert "this save did not touch the checkpoints published before it" in text, text
     assert published(fs, "outage") == ["step-00000008"]
-    from launcher.trainers.checkpoint.files import latest_valid
+    from launcher.runtime.checkpoints import latest_valid
 
     assert latest_valid(url) == f"{url}/step-00000008"  # intact: every object matches its manifest
     summary = read_summary(only_run_dir(tmp_path))
     assert summary["status"] == "failed"
+
+
+def test_a_bucket_deleted_mid_run_is_named_with_the_checkpoints_that_went_with_it(tmp_path, store_env, moto):
+    """The line used to say the checkpoints published before were untouched, after they went with the bucket."""
+    fs, url = store_env, "s3://doomed/ckpts"
+    fs.mkdir("doomed")
+    proc = start_launcher([*job(f"checkpoint.dir={url}"), f"output_dir={tmp_path}"], cwd=tmp_path,
+                          env={**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{moto}",
+                               "LAUNCHER_TEST_SAVE_DELAY_S": "5,step=16"})
+    try:
+        lines = read_until(proc, "save of step 16 delayed")
+        if lines and "save of step 16 delayed" in lines[-1]:
+            for _ in range(20):  # the bucket and everything in it: step 8 included (the run's own uploads may land
+                try:               # between s3fs's listing and its delete_bucket: again, as a user would)
+                    fs.rm("doomed", recursive=True)
+                    break
+                except OSError:
+                    fs.invalidate_cache()
+        out, _ = communicate_bounded(proc, 180, "the job")
+    finally:
+        kill_group(proc)
+    text = "".join(lines) + out
+    assert proc.returncode not in (0, None), text
+    failed = [line for line in text.splitlines() if "saving checkpoint step 16 to s3://doomed/ckpts failed" in line]
+    assert failed and "the bucket doomed no longer exists, and the checkpoints published before it went with it" \
+        in failed[-1], text
+    assert "untouched" not in text and "did not touch" not in text, text
+    fs.invalidate_cache()
+    assert not fs.exists("doomed")
+
+
+def test_a_launcher_killed_before_its_first_periodic_upload_leaves_a_run_ls_lists_and_resume_continues(
+        tmp_path, store_env, bucket_run):
+    """kill -9 of the launcher within its first seconds (here during step 16's save, step 8 published): the record
+    went up as the run started and again at step 8's checkpoint (seen in the bucket within 10 s of it, before the
+    kill), not only after runrecord.INTERVAL_S, so `ls` lists
+    the run (dead: its staging folder is here, its launcher gone), `ls` and `resume` name that folder, and `resume`
+    continues from step 8 to the uninterrupted run's weights. It used to leave no record: "no run recorded"."""
+    fs, env = store_env, {**bucket_run["env"], "TMPDIR": str(tmp_path)}
+    reference = json.loads(fs.cat_file(f"runs/exp/{bucket_run['run_id']}/summary.json"))
+    first = start_launcher([*job(), "output_dir=s3://runs/killed"], cwd=tmp_path,
+                           env={**env, "LAUNCHER_TEST_SAVE_DELAY_S": "120,step=16"})
+    try:
+        lines = read_until(first, "save of step 16 delayed")
+        assert any("save of step 16 delayed" in line for line in lines), "".join(lines)
+        wait_for_upload(fs, "runs/killed/*/goodput/*-attempt-0.json", lambda record: (record["kept"] or {}).get("step") == 8)
+        os.kill(first.pid, 9)  # the launcher alone: its zygote and workers die with it
+        first.wait(timeout=30)
+    finally:
+        kill_group(first)
+    [staging] = list(tmp_path.glob("launcher-staging-*"))
+    listed = run_launcher(["ls", "s3://runs/killed", "--json"], cwd=tmp_path, timeout=120, env=env)
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["status"] == "dead" and row["path"] == f"s3://runs/killed/{row['run_id']}", row
+    assert f"run {row['run_id']}'s launcher ended without uploading all" in listed.stderr, listed.stderr
+    assert str(staging / row["run_id"]) in listed.stderr, listed.stderr
+    resumed = run_launcher(["resume", row["path"]], cwd=tmp_path, timeout=240, env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert str(staging / row["run_id"]) in resumed.stderr, resumed.stderr
+    fs.invalidate_cache()
+    summary = json.loads(fs.cat_file(f"runs/killed/{row['run_id']}/summary.json"))
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == 8, summary
+    assert summary["param_checksums"] == reference["param_checksums"]
+    assert [p.name for p in tmp_path.glob("launcher-staging-*")] == [staging.name], "the resumed launch left its own"
+
+
+def wait_for_upload(fs, pattern: str, check, timeout: float = 10.0) -> None:
+    """An object of the record that passes check within timeout seconds (well before runrecord.INTERVAL_S)."""
+    deadline, found = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        fs.invalidate_cache()
+        found = [json.loads(fs.cat_file(path)) for path in fs.glob(pattern)]
+        if any(check(record) for record in found):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no {pattern} that passes within {timeout}s: {found}")
 
 
 def test_a_running_bucket_run_is_listed_as_running_and_its_rank_logs_read_back_before_it_ends(tmp_path, store_env, moto):
@@ -270,11 +351,11 @@ def test_every_node_of_a_two_node_bucket_run_removes_its_staging_folder_and_the_
 
 
 def test_a_staging_folder_is_removed_only_while_it_is_the_one_this_launch_made(tmp_path, monkeypatch):
-    """runrecord.Staging removes its own mkdtemp folder and nothing else: not a link put in its place (nor what the
+    """staging.Staging removes its own mkdtemp folder and nothing else: not a link put in its place (nor what the
     link points at), not a folder kept for what is in it, never a local output_dir."""
     import tempfile
 
-    from launcher.objectstore.runrecord import Staging
+    from launcher.objectstore.staging import Staging
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     mine = Staging("s3://runs/x", make=True)
@@ -286,7 +367,7 @@ def test_a_staging_folder_is_removed_only_while_it_is_the_one_this_launch_made(t
     swapped, victim = Staging("s3://runs/x", make=True), tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("not the launcher's")
-    os.rmdir(swapped.path)
+    shutil.rmtree(swapped.path)  # its owner record and all
     os.symlink(victim, swapped.path)
     swapped.remove()
     assert os.path.islink(swapped.path) and (victim / "keep.txt").read_text() == "not the launcher's"

@@ -58,9 +58,39 @@ def test_workers_fork_from_the_zygote_unless_spawn_is_asked_for():
 def test_a_script_sees_launcher_variables_only_while_the_watchdog_is_on(tmp_path):
     (tmp_path / "train.py").write_text("")
     script = [f"script.path={tmp_path / 'train.py'}"]
-    assert set(plan_for(script).worker_env) == {"OMP_NUM_THREADS", "LAUNCHER_RUN_DIR", "LAUNCHER_WATCHDOG_TIMEOUT_S"}
-    assert set(plan_for([*script, "watchdog.timeout_s=0"]).worker_env) == {"OMP_NUM_THREADS"}
-    assert set(plan_for([*script, "watchdog.timeout_s=0"], Hardware(0, 2, omp_threads_env=2)).worker_env) == set()
+    assert set(plan_for(script).worker_env) == {"LAUNCHER_RUN_DIR", "LAUNCHER_WATCHDOG_TIMEOUT_S"}
+    assert set(plan_for([*script, "watchdog.timeout_s=0"]).worker_env) == set()
+    assert set(plan_for([*script, "gpus=2", "watchdog.timeout_s=0"]).worker_env) == {"OMP_NUM_THREADS"}
+    assert set(plan_for([*script, "gpus=2", "watchdog.timeout_s=0"], Hardware(0, 2, omp_threads_env=2)).worker_env) == set()
+
+
+def test_a_script_gets_torchruns_threads_and_the_built_in_trainer_shares_the_cores(tmp_path):
+    """torchrun sets OMP_NUM_THREADS=1 only with several workers per node and none exported; never with one."""
+    (tmp_path / "train.py").write_text("")
+    script = [f"script.path={tmp_path / 'train.py'}"]
+    many = Hardware(0, 16)
+    assert plan_for([*script, "gpus=4"], many).worker_env["OMP_NUM_THREADS"] == "1"
+    assert any("as torchrun sets it" in n for n in plan_for([*script, "gpus=4"], many).notices)
+    for one in ([*script], [*script, "nodes=2"]):  # one per node, simulated nodes too: unset, as under torchrun
+        plan = plan_for(one, many)
+        assert "OMP_NUM_THREADS" not in plan.worker_env and plan.omp_threads == 0
+        assert not any("OMP_NUM_THREADS" in n for n in plan.notices)
+    odd = Hardware(0, 16, exported=("OMP_NUM_THREADS",))  # exported, even unreadable: passed on as it is
+    assert "OMP_NUM_THREADS" not in plan_for([*script, "gpus=4"], odd).worker_env
+    assert plan_for([*script, "gpus=4", "launcher.omp_threads=3"], many).worker_env["OMP_NUM_THREADS"] == "3"
+    assert plan_for(["gpus=1"], many).worker_env["OMP_NUM_THREADS"] == "16"  # the trainer: cores / workers
+
+
+def test_an_elastic_job_states_its_range_and_the_nodes_it_starts_with():
+    c10d = plan_for(["nodes=4", "min_nodes=1", "gpus=2", "rdzv.endpoint=h0:29400"])
+    assert "no CUDA device: running 2 CPU workers (1 node x 2; elastic 1:4 nodes) with gloo" in c10d.notices
+    simulated = plan_for(["nodes=2", "min_nodes=1", "gpus=2"])  # every node of the range runs here
+    assert "no CUDA device: running 4 CPU workers (2 nodes x 2; elastic 1:2 nodes) with gloo" in simulated.notices
+    from launcher.config.elastic import round_line
+    from launcher.plan import starting_workers
+
+    assert starting_workers(c10d) == "2 workers (1 node x 2; elastic 1:4 nodes)"
+    assert round_line(3, ["h0:11", "h1:12"], 4, 1, 4) == "elastic round 3: running 4 workers on 2 nodes (--nodes 1:4)"
 
 
 @pytest.mark.parametrize("argv, ours, script", [
@@ -73,86 +103,6 @@ def test_a_script_sees_launcher_variables_only_while_the_watchdog_is_on(tmp_path
 ])
 def test_split_argv(argv, ours, script):
     assert split_argv(argv, build_parser()) == (ours, script)
-
-
-def test_launch_config_drops_fields_an_older_torch_lacks():
-    """torch 2.11 (the CUDA build seen on an H100) has no LaunchConfig(shutdown_timeout=)."""
-    import dataclasses
-
-    from torch.distributed.launcher.api import LaunchConfig
-
-    from launcher.agent.elastic_fixes import launch_config
-
-    @dataclasses.dataclass
-    class OlderLaunchConfig:
-        min_nodes: int
-        max_nodes: int
-
-    older = launch_config(OlderLaunchConfig, min_nodes=1, max_nodes=2, shutdown_timeout=10)
-    assert (older.min_nodes, older.max_nodes) == (1, 2)
-    current = launch_config(LaunchConfig, min_nodes=1, max_nodes=1, nproc_per_node=2, shutdown_timeout=10)
-    assert current.nproc_per_node == 2 and getattr(current, "shutdown_timeout", 10) == 10
-
-
-def test_a_single_node_rendezvous_skips_torchs_first_round_jitter():
-    """torch sleeps 0-0.3 s before a first rendezvous round to skew nodes apart: one node has none to skew."""
-    import time
-
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    from launcher.agent import elastic_fixes
-
-    def took(seconds):
-        t0 = time.monotonic()
-        dynamic_rendezvous._delay(seconds=seconds)
-        return time.monotonic() - t0
-
-    original = dynamic_rendezvous._delay
-    try:
-        elastic_fixes.apply(nodes=1)
-        assert took((0.3, 0.3)) < 0.1  # the jitter is gone
-        assert took(0.3) >= 0.29  # a fixed wait (torch's retry back-off) stays
-        elastic_fixes.apply(nodes=2)
-        assert took((0.3, 0.3)) >= 0.29  # several nodes: torch's own
-    finally:
-        dynamic_rendezvous._delay = original
-
-
-def test_a_signal_inside_the_keep_alive_timers_start_leaves_a_cancel_that_ends_cleanly():
-    """torch's c10d keep-alive timer, with a Ctrl-C raised inside its start() before its thread starts (as one did
-    3 s into a launch): its cancel() at the agent's shutdown raised RuntimeError over the signal; now it ends."""
-    import threading
-    from datetime import timedelta
-    from unittest import mock
-
-    from torch.distributed.elastic.rendezvous.utils import _PeriodicTimer
-
-    from launcher.agent import elastic_fixes
-
-    original = vars(_PeriodicTimer)["_stop_thread"]
-    torchs = vars(_PeriodicTimer).get("_launcher_torch_stop_thread", original)  # where an earlier test applied the fix
-    try:
-        for fixed in (False, True):
-            if fixed:
-                elastic_fixes.apply(nodes=1)
-            else:
-                _PeriodicTimer._stop_thread = torchs
-            timer = _PeriodicTimer(timedelta(seconds=60), lambda: None)
-            with mock.patch.object(threading.Thread, "start", side_effect=KeyboardInterrupt):
-                with pytest.raises(KeyboardInterrupt):
-                    timer.start()
-            if fixed:
-                timer.cancel()
-            else:
-                with pytest.raises(RuntimeError, match="cannot join thread before it is started"):
-                    timer.cancel()
-        started = _PeriodicTimer(timedelta(seconds=60), lambda: None)  # a started timer still stops and joins
-        started.start()
-        thread = started._thread
-        started.cancel()
-        assert not thread.is_alive()
-    finally:
-        _PeriodicTimer._stop_thread = original
 
 
 def test_nccl_jobs_get_the_flight_recorder_while_the_watchdog_is_on():

@@ -12,11 +12,10 @@ import time
 import psutil
 import pytest
 
-from launcher import cli, prestart
-from launcher.errors import ConfigError
+from launcher import prestart
 from launcher.plan import no_gpu_here
-from tests.helpers import NO_WANDB, QUIET, catches, communicate_bounded, group_processes, kill_group, launcher_env, \
-    wait_gone
+from tests.helpers import NO_WANDB, QUIET, REPO, catches, communicate_bounded, group_processes, kill_group, \
+    launcher_env, run_stamped, wait_gone
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,38 +36,98 @@ dist.destroy_process_group()
 """
 
 
+def events(path):
+    """tests/counting/sitecustomize.py's lines, as (pid, event) pairs."""
+    return [tuple(line.split(" ", 1)) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def counted(args, tmp_path, name, extra_env=None):
+    """Run `python -m launcher ARGS` for real with tests/counting on PYTHONPATH: (its result, its own events). The
+    result's `stamped` holds its output lines as they came (tests.helpers.run_stamped)."""
+    calls = tmp_path / f"{name}.calls"
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests" / "counting"), os.environ.get("PYTHONPATH")])),
+           "LAUNCHER_TEST_CALLS": str(calls), **(extra_env or {})}
+    argv = [sys.executable, "-m", "launcher", *args]
+    code, lines, pid = run_stamped(argv, tmp_path, 180, env=env)
+    done = subprocess.CompletedProcess(argv, code, "".join(f"{line}\n" for _, s, line in lines if s == "out"),
+                                       "".join(f"{line}\n" for _, s, line in lines if s == "err"))
+    done.stamped = lines
+    return done, [event for who, event in events(calls) if who == str(pid)]
+
+
+def test_a_launch_resolves_its_config_once_plans_once_and_execs_once(tmp_path):
+    """The real command, counted from outside the launcher's code (tests/counting/sitecustomize.py wraps the functions
+    as they load, in every process of the launch): the config is resolved once and the plan built once, before and
+    after the exec together (the exec'd process goes on from the handover), the process execs once and imports torch
+    once (after the exec), and the run is the plan's: its run id and rendezvous endpoint. Its first line says what
+    starts before torch's import (seconds under load), and only once."""
+    (tmp_path / "t.py").write_text("")
+    done, launcher = counted(["--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "t.py"], tmp_path, "launch",
+                             {"LAUNCHER_TEST_MARK_TORCH": "1"})
+    assert done.returncode == 0, done.stderr
+    # its first line comes before torch loads (the hook marks the import on the same stream), once: not again after
+    err = [line for _, stream, line in done.stamped if stream == "err"]
+    assert err[0].startswith("[launcher] starting 1 ") and err[0].endswith("; importing torch"), err[:3]
+    assert err[1] == "[counting] import torch" and sum(line.startswith("[launcher] starting") for line in err) == 1, err
+    expected = ["launcher.config.schema.load_config", "launcher.plan.build_plan", "exec", "import torch"]
+    if not no_gpu_here():  # where a GPU may be, only torch can count them: the plan is built after the exec
+        expected = ["launcher.config.schema.load_config", "exec", "import torch", "launcher.plan.build_plan"]
+    assert launcher == expected, launcher
+    (run,) = (tmp_path / "runs").iterdir()
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["run_id"] == run.name and f"run {run.name}:" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("args, kind", [
     ([], "trainer"),  # the built-in job on built-in defaults
     (["--gpus", "2", "t.py", "--lr", "1"], "script"),
     (["-m", "json.tool"], "script"),
     (["--config", "job.yaml"], "script"),  # the script named in a config file
-    (["--nodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"], "trainer"),  # one machine of several: its own workers
-    (["ls"], None), (["resume", "x"], None), (["lss"], None),  # a subcommand, or a typo of one
-    (["--dry-run", "t.py"], None), (["--show-config"], None), (["t.py", "--dry-run"], "script"),  # its own flag
+    (["--nodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"], "trainer"),  # one machine of several
     (["--nodes", "2"], None), (["--nodes=1:3"], None),  # a simulated job's coordinator starts no worker itself
-    (["--cluster", "slurm"], None), (["launcher.start_method=spawn", "t.py"], None),
+    (["launcher.start_method=spawn", "t.py"], None),
 ])
-def test_which_launches_fork_their_zygote_at_the_start_and_for_what(tmp_path, monkeypatch, args, kind):
-    """launcher.cli.zygote_kind, which launcher.prestart asks before it execs: the real parsing and config."""
+def test_which_launches_fork_their_workers_from_a_zygote_here_and_of_what_kind(tmp_path, monkeypatch, args, kind):
+    """launcher.backends.dispatch.workers_kind on the config the command line resolves to: a launch with a kind execs
+    into the bootstrap (launcher.prestart) on its way; the others start no zygote here."""
+    from launcher.backends.dispatch import workers_kind
+    from launcher.run import resolve_config
+    from launcher.usage import config_overrides, parse_args, script_spec
+
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("")
     (tmp_path / "job.yaml").write_text("script:\n  path: t.py\n")
-    assert cli.zygote_kind(args) == kind
+    parsed, script = parse_args(args)
+    assert workers_kind(resolve_config(parsed, config_overrides(parsed), script_spec(parsed, script))) == kind
 
 
 @pytest.mark.parametrize("args", [
-    ["model.hiden=64"],  # a config key
-    ["output_dir=afile/runs"],  # under a file: launch() refuses it before torch loads, so prestart must not load it
-    pytest.param(["--gpus", "200", "t.py"], marks=pytest.mark.skipif(  # more CPU workers than this machine takes
-        not no_gpu_here(), reason="where a GPU may be, the plan asks torch: launch() refuses it after the exec")),
-    ["--nodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--rdzv-secret-file", "empty.secret"],
+    ["--dry-run", "t.py"], ["--show-config"], ["--nodes", "2", "--dry-run"], ["ls"],
+    ["--cluster", "slurm", "--dry-run", "t.py"],
 ])
-def test_bad_input_is_not_a_launch_to_fork_for(tmp_path, monkeypatch, args):
-    monkeypatch.chdir(tmp_path)
+def test_what_starts_no_worker_here_resolves_at_most_once_and_execs_never(tmp_path, args):
+    (tmp_path / "t.py").write_text("")
+    done, launcher = counted([*args, f"output_dir={tmp_path / 'runs'}"] if args != ["ls"] else ["ls", str(tmp_path)],
+                                tmp_path, "none")
+    assert done.returncode == 0, done.stderr
+    assert launcher.count("launcher.config.schema.load_config") <= 1 and launcher.count("launcher.plan.build_plan") <= 1
+    assert "exec" not in launcher and "import torch" not in launcher, launcher
+
+
+@pytest.mark.parametrize("args, words", [
+    (["model.hiden=64"], "unknown config key 'model.hiden'"),  # a config key
+    (["output_dir=afile/runs"], "afile"),  # under a file: refused before torch loads
+    pytest.param(["--gpus", "200", "t.py"], "CPU workers", marks=pytest.mark.skipif(  # more than this machine takes
+        not no_gpu_here(), reason="where a GPU may be, the plan asks torch: the launch refuses it after the exec")),
+    (["--nodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--rdzv-secret-file", "empty.secret"], "empty"),
+])
+def test_bad_input_ends_in_one_line_before_the_exec_and_torch(tmp_path, args, words):
     for name in ("t.py", "afile", "empty.secret"):
         (tmp_path / name).write_text("")
-    with pytest.raises((SystemExit, ConfigError)):  # exec_with_zygote then leaves it to the launcher, torch unloaded
-        cli.zygote_kind(args)
+    done, launcher = counted(args, tmp_path, "bad")
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr
+    assert words in done.stderr, done.stderr
+    assert "exec" not in launcher and "import torch" not in launcher, launcher
 
 
 def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
@@ -89,7 +148,8 @@ def test_a_launch_forks_its_zygote_from_the_launcher_and_ends_it(tmp_path):
             except psutil.Error:
                 continue
         launcher = psutil.Process(proc.pid).cmdline()
-        assert launcher[1:6] == ["-u", prestart.BOOTSTRAP, "script", "-m", "launcher"], launcher
+        assert launcher[1:5] == ["-u", prestart.BOOTSTRAP, "script", prestart.HANDOVER], launcher
+        assert launcher[6:8] == ["-m", "launcher"], launcher
         assert len(workers) == 2, "the workers are the children of the launcher's child with its command line"
         os.kill(proc.pid, signal.SIGTERM)
         out, err = communicate_bounded(proc, 60)
@@ -156,7 +216,9 @@ def test_a_ctrl_c_during_the_shared_import_ends_the_launch_in_one_line(tmp_path)
         os.kill(proc.pid, signal.SIGINT)
         out, err = communicate_bounded(proc, 60)
         assert proc.returncode == 130, err
-        assert err.strip() == "interrupted" and "Traceback" not in out + err, err
+        # after the launch's first line (launcher.backends.dispatch.announce, before the exec): one line
+        assert err.splitlines()[-1] == "interrupted" and len(err.splitlines()) == 2 and "Traceback" not in out + err, err
+        assert err.startswith("[launcher] starting "), err
         assert not (tmp_path / "runs").exists()
         assert wait_gone(group_processes(proc.pid), 5) == [], "its zygote outlived it"
     finally:
@@ -173,8 +235,9 @@ def test_the_launcher_command_starts_the_same_way(tmp_path):
     run = subprocess.run([command, "--gpus", "1", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "parent.py"],
                          cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "parent-0").read_bytes().split(b"\0")[2:6] == [prestart.BOOTSTRAP.encode(), b"script", b"--path",
-                                                                        command.encode()]
+    seen = (tmp_path / "parent-0").read_bytes().split(b"\0")
+    assert seen[2:5] == [prestart.BOOTSTRAP.encode(), b"script", prestart.HANDOVER.encode()], seen
+    assert seen[6:8] == [b"--path", command.encode()], seen
     bad = subprocess.run([command, "--gpus", "x"], cwd=tmp_path, env=launcher_env(), capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr, bad.stderr

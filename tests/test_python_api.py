@@ -1,15 +1,17 @@
 """launcher.launch / launcher.submit (docs/python-api.md): a Python function run on every rank by the launcher's own
 command, real processes, 2 CPU workers with gloo.
 
-A function from a script's __main__, from an imported module and from a Jupyter cell returns each rank's value in
-rank order; a rank that raises is one LaunchFailed naming it with its traceback; a wrong setting is a ValueError
-before anything starts; submit returns a Job (status, wait, result, logs, cancel) locally, on SLURM and on Ray.
+A function from a script's __main__ and from an imported module returns each rank's value in rank order (from a
+Jupyter cell: tests/test_notebook_api.py); a rank that raises is one LaunchFailed naming it with its traceback; a
+wrong setting is a ValueError before anything starts; submit returns a Job (status, wait, result, logs, cancel)
+locally, on SLURM and on Ray; run_id= of a run that exists is refused, and no Job adopts another run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -19,9 +21,10 @@ import psutil
 import pytest
 
 import launcher
-from launcher.api import payload
+from launcher.api import payload, pickling
+from launcher.api.job import LAUNCHER_OUTPUT, Job
 from tests import api_functions
-from tests.helpers import REPO, run_bounded, slurm_unavailable
+from tests.helpers import run_bounded, slurm_unavailable
 
 QUIET = {"wandb_mode": "disabled"}  # tests/helpers.QUIET's W&B switch, as a setting
 DONE = ("COMPLETED",)
@@ -54,6 +57,50 @@ def test_a_result_file_not_signed_by_the_job_is_refused(tmp_path):
         payload.read_outcome(b"k" * 32, "r", str(tmp_path), 2, "result")
 
 
+def test_a_function_pickled_by_value_keeps_its_file_and_lines_in_a_fresh_interpreter(tmp_path):
+    """As a Jupyter cell is: compiled under a file name whose lines only linecache has (IPython puts them there)."""
+    import linecache
+
+    name = str(tmp_path / "cell-7.py")  # never written: the lines are the caller's alone
+    source = "def boom(x):\n    y = x * 2\n    raise KeyError(f'no {y}')  # cell line 3\n"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    namespace: dict = {}
+    exec(compile(source, name, "exec"), namespace)
+    call, sources = pickling.dumps_call(namespace["boom"], (21,))
+    assert sources == {name: source.splitlines(True)}
+    (tmp_path / "call.pkl").write_bytes(pickle.dumps({"call": call, "sources": sources}))
+    rank = ("import pickle, sys, traceback, cloudpickle\n"
+            "from launcher.api.pickling import register_sources\n"
+            "loaded = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+            "fn, args = cloudpickle.loads(loaded['call'])\n"
+            "register_sources(loaded['sources'])\n"
+            "try:\n    fn(*args)\nexcept KeyError as e:\n    print(traceback.format_exc())\n")
+    done = run_bounded([sys.executable, "-c", rank, str(tmp_path / "call.pkl")], tmp_path, 60)
+    assert done.returncode == 0, done.stderr
+    assert f'File "{name}", line 3, in boom\n' in done.stdout
+    assert "raise KeyError(f'no {y}')  # cell line 3" in done.stdout and "<dynamic-code>" not in done.stdout
+
+
+def test_a_job_whose_launcher_was_refused_never_adopts_the_run_that_has_its_id(tmp_path):
+    """Two submits of one run_id at once: the second's launcher is refused (exit 2); its Job is not the first's run."""
+    other = tmp_path / "runs" / "taken"
+    other.mkdir(parents=True)
+    (other / "plan.json").write_text("{}")
+    (other / "summary.json").write_text(json.dumps({"status": "running", "world_size": 2}))
+    staging = tmp_path / "runs" / ".call-taken-x"
+    staging.mkdir()
+    line = "error: run_id=taken already names a run in ...: start a new run with another run_id=ID"
+    with open(staging / LAUNCHER_OUTPUT, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-c", f"print({line!r}); raise SystemExit(2)"], stdout=out)
+    assert process.wait(timeout=60) == 2
+    job = Job(other, "local", b"k" * 32, 2, staging, process)
+    assert job.status() == "FAILED" and job.done()
+    assert job.cancel() == "job taken never started; nothing to cancel"
+    with pytest.raises(launcher.LaunchFailed, match="already names a run") as caught:
+        job.result()
+    assert caught.value.rank is None and (other / "plan.json").exists()  # the other run is left as it was
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_environment(tmp_path):
@@ -61,17 +108,23 @@ def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_env
     script.write_text(
         "import json, os, sys\n"
         "import launcher\n\n"
+        "OUT = sys.argv[2]  # a global of __main__: it travels with the function, by value\n\n"
         "def reduce(scale):\n"
-        "    import torch, torch.distributed as dist\n"
+        "    import atexit, torch, torch.distributed as dist\n"
         "    dist.init_process_group('gloo')\n"
         "    total = torch.tensor([float(dist.get_rank() + 1) * scale])\n"
         "    dist.all_reduce(total)\n"
         "    dist.destroy_process_group()\n"
+        "    rank = os.environ['RANK']\n"
+        "    left = open(os.path.join(OUT, f'left-open-{rank}'), 'w')  # buffered, never closed: flushed at exit\n"
+        "    left.write('kept')\n"
+        "    sys.modules['__main__'].__dict__.setdefault('kept', []).append(left)\n"
+        "    atexit.register(lambda: open(os.path.join(OUT, f'atexit-{rank}'), 'w').write('ran'))\n"
         "    return {'sum': total.item(), **{k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR')}}\n\n"
         "if __name__ == '__main__':\n"
-        f"    values = launcher.launch(reduce, 10.0, gpus=2, output_dir=sys.argv[1], wandb_mode='disabled')\n"
+        "    values = launcher.launch(reduce, 10.0, gpus=2, output_dir=sys.argv[1], wandb_mode='disabled')\n"
         "    print('RESULT ' + json.dumps(values))\n")
-    done = run_bounded([sys.executable, str(script), str(tmp_path / "runs")], tmp_path, 200)
+    done = run_bounded([sys.executable, str(script), str(tmp_path / "runs"), str(tmp_path)], tmp_path, 200)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     values = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert [v["RANK"] for v in values] == ["0", "1"] and [v["LOCAL_RANK"] for v in values] == ["0", "1"]
@@ -80,6 +133,9 @@ def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_env
     run_dir = next(p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # a launcher run like any
     assert [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".")] == []  # the call file is gone
+    for rank in (0, 1):  # a rank's process ended as an interpreter does: atexit handlers, files flushed
+        assert (tmp_path / f"atexit-{rank}").read_text() == "ran"
+        assert (tmp_path / f"left-open-{rank}").read_text() == "kept"
 
 
 @pytest.mark.slow
@@ -108,43 +164,6 @@ def test_a_failing_rank_is_one_exception_naming_it_with_its_traceback(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_jupyter_cell_trains_a_ddp_model_on_two_ranks(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    train = (
-        "import json, os\n"
-        "import launcher\n\n"
-        "def train(steps):\n"
-        "    import torch, torch.distributed as dist\n"
-        "    from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "    dist.init_process_group('gloo')\n"
-        "    torch.manual_seed(0)\n"
-        "    model = DDP(torch.nn.Linear(4, 1))\n"
-        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "    data = torch.Generator().manual_seed(dist.get_rank())\n"
-        "    for _ in range(steps):\n"
-        "        x = torch.randn(8, 4, generator=data)\n"
-        "        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()\n"
-        "        opt.zero_grad(); loss.backward(); opt.step()\n"
-        "    weights = [round(w, 6) for w in model.module.weight.flatten().tolist()]\n"
-        "    rank = dist.get_rank()\n"
-        "    dist.destroy_process_group()\n"
-        "    return {'rank': rank, 'loss': loss.item(), 'weights': weights}\n")
-    run = f"results = launcher.launch(train, 3, gpus=2, output_dir={str(tmp_path / 'runs')!r}, wandb_mode='disabled')\n" \
-          "print('RESULTS ' + json.dumps(results))"
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(train), nbformat.v4.new_code_cell(run)])
-    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
-    printed = "".join(o.get("text", "") for o in notebook.cells[1].outputs if o.get("name") == "stdout")
-    results = json.loads(printed.split("RESULTS ", 1)[1].splitlines()[0])
-    assert [r["rank"] for r in results] == [0, 1]
-    assert results[0]["weights"] == results[1]["weights"]  # DDP kept the replicas equal
-    assert results[0]["loss"] != results[1]["loss"]  # each rank its own data
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_submit_here_returns_a_job_to_follow_and_one_to_cancel(tmp_path):
     job = launcher.submit(api_functions.environment, "from a job", gpus=2, output_dir=str(tmp_path), **QUIET)
     assert job.status() in ("PENDING", "RUNNING", "COMPLETED")
@@ -152,12 +171,18 @@ def test_submit_here_returns_a_job_to_follow_and_one_to_cancel(tmp_path):
     assert [v["RANK"] for v in job.result()] == ["0", "1"]
     assert "rank 1 says from a job" in job.logs(rank=1) and "rank 0 says" in job.logs()
     assert "already ended" in job.cancel()  # a finished job is left alone
+    with pytest.raises(ValueError, match=f"^run_id={job.job_id} already names a run .*leave run_id out"):
+        launcher.launch(api_functions.environment, "again", run_id=job.job_id, gpus=2, output_dir=str(tmp_path), **QUIET)
 
     long = launcher.submit(api_functions.sleep_then_return, 600, gpus=2, output_dir=str(tmp_path), **QUIET)
     deadline = time.monotonic() + 120
     while "sleeping" not in long.logs(rank=1):
         assert time.monotonic() < deadline and not long.done(), long.status()
         time.sleep(0.5)
+    made = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match=f"^run_id={long.job_id} already names a run") as refused:
+        launcher.submit(api_functions.environment, "mistyped", run_id=long.job_id, gpus=2, output_dir=str(tmp_path))
+    assert "\n" not in str(refused.value) and sorted(p.name for p in tmp_path.iterdir()) == made  # nothing made
     assert long.status() == "RUNNING"
     assert "cancelled" in long.cancel()
     assert long.done() and long.status() == "INTERRUPTED"

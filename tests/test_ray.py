@@ -216,7 +216,10 @@ ROUNDS = int(os.environ.get("LAUNCHER_STRESS_ROUNDS", "2"))
 
 @pytest.mark.timeout(240 + 120 * ROUNDS)
 def test_launches_in_a_row_all_end_and_leave_nothing_on_the_cluster(ray2, tmp_path):
-    """A bounded repetition of bench/ray_stress.py (50 launches there): --wait launches and a cancel."""
+    """A bounded repetition of bench/ray_stress.py (50 launches there): --wait launches and a cancel. A --wait launch
+    prints rank 0's lines as they come: within 2 s of its node's launcher getting each (it was silent for 51 s)."""
     for k in range(1, ROUNDS + 1):
         r = launch_once(k, cancel=k % 3 == 2, root=tmp_path, cluster=ray2, timeout=120)
         assert r["ok"], line(r) + "\n" + r["tail"]
+        if r["kind"] == "wait":
+            assert len(r["late_s"]) >= 3 and max(r["late_s"]) < 2.0, r["late_s"]

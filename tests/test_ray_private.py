@@ -1,6 +1,7 @@
 """What launcher.backends.ray.code takes from Ray's private packaging code, pinned: the size of the folder a Ray job
 ships is counted with Ray's own walk (ray._private.runtime_env.packaging._dir_travel and _get_excludes), so the
-limit refuses what Ray would upload, and the links that walk meets are left out of what Ray's zip (_zip_files) holds. A Ray release that changes them fails here first, not in a user's job.
+limit refuses what Ray would upload, and the links that walk meets are left out of what Ray's zip (_zip_files) holds.
+A Ray release that changes them fails here first, not in a user's job.
 """
 
 from __future__ import annotations

@@ -212,14 +212,25 @@ def test_the_watchdogs_flags_between_nodes_count_only_when_signed_by_the_job():
 
 # -- real nodes ------------------------------------------------------------------------------
 def test_a_two_node_c10d_job_with_a_secret_completes_and_keeps_it_from_workers_and_records(tmp_path):
+    """The same secret in each node's --rdzv-secret-file: node 0's is private (0600), node 1's readable by every user
+    (0644), which node 1 warns of, as ssh does of such a key file, and runs."""
     secret = "s3cr3t-" + "ab" * 20
     script = tmp_path / "env.py"
     script.write_text(ENV_SCRIPT)
     port = free_port()
-    procs = [start_node(tmp_path, [*TWO, *c10d(port), str(script), str(tmp_path)], secret) for _ in range(2)]
+    files = [tmp_path / "private.secret", tmp_path / "open.secret"]
+    for path, mode in zip(files, (0o600, 0o644)):
+        path.write_text(secret + "\n")
+        path.chmod(mode)
+    procs = [start_node(tmp_path, [*TWO, *c10d(port), "--rdzv-secret-file", str(path), str(script), str(tmp_path)], None)
+             for path in files]
     outs = finish(procs, timeout=150)
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all("no rendezvous secret" not in out for out in outs), outs
+    warned = [[line for line in out.splitlines() if "--rdzv-secret-file" in line] for out in outs]
+    assert warned[0] == [] and len(warned[1]) == 1, warned
+    assert warned[1][0] == (f"warning: --rdzv-secret-file {files[1]} is open to other users (mode 0644): anyone who can "
+                            f"read it can join this job or rewrite its rendezvous; make it yours alone: chmod 600 {files[1]}")
     assert sorted(p.read_text() for p in tmp_path.glob("rank-*")) == ["none", "none"]
     recorded = [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert recorded == [], f"the secret was written to {recorded}"

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from launcher.commands.scale import SweepPoint, build_points, parse_request, script_argv
+from launcher.commands.scale import build_points, parse_request, script_argv
 from launcher.commands.scale_report import render_markdown
 from launcher.commands.scale_script import SCRIPT_COLUMNS, batch_check, footnote, script_rows
 from launcher.errors import ConfigError
@@ -70,7 +70,7 @@ def test_weak_script_efficiency_from_samples_and_the_batch_it_measured():
     md = render_markdown({"mode": "weak", "script": "train.py", "efficiency_from": "samples_per_s",
                           "device_type": "cpu", "sizes": [one, two, four]}, SCRIPT_COLUMNS, footnote("samples_per_s"))
     assert "(train.py: weak scaling, cpu, efficiency from samples/s)" in md
-    assert "| 2 | 1 | 2 | 16 | 32 | 8.5 | ±6% | 272 | ±6% |" in md
+    assert "| 2 | 1 | 2 | 16 | 32 | 8.5 | 12% | 272 | 12% |" in md  # (largest - smallest) / median, as --spread
 
 
 def test_without_samples_efficiency_is_from_steps_and_says_what_it_assumes():

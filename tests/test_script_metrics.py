@@ -111,6 +111,7 @@ def test_a_script_with_its_own_wandb_run_gets_the_launchers_figures_there_and_no
     assert b"launcher/steps_per_s" in history and b"loss" in history
 
 
+@pytest.mark.compat
 def test_a_restarted_script_keeps_one_record_and_one_wandb_run(tmp_path):
     run_dir = launch(tmp_path, ["--gpus", "2", "--max-restarts", "1"], ["--epochs", "2", "--fail-rank", "1",
                                                                         "--fail-step", "10", "--launcher-log"])

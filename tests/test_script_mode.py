@@ -50,11 +50,13 @@ def check_contract(out, workers, argv_tail):
     return records
 
 
+@pytest.mark.compat
 def test_script_gets_torchruns_contract_and_its_arguments(tmp_path):
     write_script(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "train.py", "--lr", "0.1", "--out", str(out)], cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "train.py", "--lr", "0.1", "--out", str(out)],
+                          cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     records = check_contract(out, 2, ["--lr", "0.1", "--out", str(out)])
     assert records[0]["argv"][0] == "train.py" and records[0]["file"].endswith("train.py")
@@ -70,7 +72,8 @@ def test_module_form_runs_like_python_dash_m(tmp_path):
     (pkg / "train.py").write_text((tmp_path / "train.py").read_text())
     out = tmp_path / "out"
     out.mkdir()
-    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "-m", "mypkg.train", "--out", str(out)], cwd=tmp_path)
+    result = run_launcher(["--gpus", "2", f"output_dir={tmp_path / 'runs'}", *NO_WANDB, "-m", "mypkg.train", "--out", str(out)],
+                          cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     check_contract(out, 2, ["--out", str(out)])
 

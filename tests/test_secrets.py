@@ -32,6 +32,20 @@ SECRETS = ["k-one", "k-two", "k-three", "k-four", "k-five", WANDB_LIKE, "AKIAABC
 OVERRIDES = ["slurm.extra={comment: 'postgres://u:k-fifteen@h/db'}", "wandb.tags=[ok,https://u:k-sixteen@h]"]
 ENV = {"TORCH_MIRROR_URL": "https://mirror:k-seventeen@mirror.example/simple"}
 SECRETS += ["k-fifteen", "k-sixteen", "k-seventeen"]
+# Secrets known only by their shape, in the places names do not tell: after `=` of an innocent flag, inside a list
+# (an override, an argument), and a generated key with no known prefix (after `=`, or as a flag's next word).
+GH, HF, OPENAI, AWS_ID = ("ghp_" + "a1B2c3D4e5" * 4, "hf_" + "Zy9Xw8Vu7T" * 3, "sk-proj-" + "Q1w2E3r4T5y6" * 2,
+                          "AKIAQWERTYUIOPASDFGH")
+RANDOM_KEYS = ["Zq8XmP3vR7tL2kW9nB4yH6jD1fG5sC0aE", "Vb7NqX2mK9pL4rT8wY3zH6jD1fG5sC0a", "wJ4lrXUt7FEMI/K7MDE9G+bPx2fiCYE3AMP6EK"]
+SHAPED = ["--hub=" + HF, "--openai=" + OPENAI, "--aws-id=" + AWS_ID, "--pairs=a:" + GH + ",b:c",
+          "--signing=" + RANDOM_KEYS[0], "--material", RANDOM_KEYS[1], "AWS_SECRET_ACCESS=" + RANDOM_KEYS[2]]
+# What looks a little like a secret and is not: model names, paths, run ids, numbers, digests, versions.
+KEPT = ["--model=meta-llama/Llama-3.1-8B-Instruct", "--tiny=TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+        "--data=/data/task-abcdefghijklmnopqrstuvwxyz", "--run=20261127-123456-a1b2c3", "--steps=100000000000000000000",
+        "--sha256=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "--arch=ResNet50_ImageNet1K_V2",
+        "--uuid=550e8400-e29b-41d4-a716-446655440000", "--name", "MyExperimentRun2024Final"]
+SHAPED_OVERRIDES = [f"wandb.tags=[ok,{GH}]", f"wandb.group={RANDOM_KEYS[1][::-1]}"]
+SECRETS += [GH, HF, OPENAI, AWS_ID, *RANDOM_KEYS, RANDOM_KEYS[1][::-1]]
 
 # (argument list, what the records show): every form the records redact, and the look-alikes they keep.
 FORMS = [
@@ -67,6 +81,16 @@ FORMS = [
     (["https://host/path@v2"], ["https://host/path@v2"]),  # an @ after the host is no userinfo
     (["https://host/x?q=a@b"], ["https://host/x?q=a@b"]),
     (["user@host:/path"], ["user@host:/path"]),  # scp's form: no scheme, no password
+    # by shape alone: a known prefix wherever it stands, a generated-looking key as a value or after `=`
+    (["--hub=" + HF], ["--hub=" + REDACTED]),
+    (["wandb.tags=[ok," + GH + "]"], ["wandb.tags=[ok," + REDACTED + "]"]),
+    (["--pairs=a:" + GH + ",b:c"], ["--pairs=a:" + REDACTED + ",b:c"]),
+    (["--x=" + RANDOM_KEYS[0]], ["--x=" + REDACTED]),
+    (["--x", RANDOM_KEYS[1]], ["--x", REDACTED]),
+    (["--aws=" + RANDOM_KEYS[2]], ["--aws=" + REDACTED]),
+    (["see " + OPENAI], ["see " + REDACTED]),
+    (["--data=/data/task-abcdefghijklmnopqrstuvwxyz"], ["--data=/data/task-abcdefghijklmnopqrstuvwxyz"]),  # no sk- key
+    *[([kept], [kept]) for kept in KEPT],
 ]
 
 
@@ -115,30 +139,38 @@ def test_the_w_and_b_record_and_config_yaml_hold_no_secret(tmp_path):
 def test_a_real_run_records_no_secret_gives_the_script_its_argv_and_follows_the_umask(tmp_path):
     script = tmp_path / "argv.py"
     # each rank checks it got the real values (a redacted one would fail it), rank 0 writes what it got
-    script.write_text("import json, os, sys\n"
+    # one optimizer step: its step record makes the launcher start its own W&B run (offline), whose files are checked too
+    script.write_text("import json, os, sys, torch\n"
                       "assert sys.argv[1:] == json.loads(os.environ['ARGV_IN']), sys.argv\n"
                       "assert os.environ['TORCH_MIRROR_URL'] == json.loads(os.environ['ENV_IN'])['TORCH_MIRROR_URL']\n"
+                      "p = torch.nn.Parameter(torch.zeros(1)); opt = torch.optim.SGD([p], lr=0.1)\n"
+                      "p.sum().backward(); opt.step()\n"
                       "if os.environ['RANK'] == '0':\n"
                       "    open(os.environ['ARGV_OUT'], 'w').write(json.dumps(sys.argv[1:]))\n")
-    out, got = tmp_path / "runs", tmp_path / "argv.json"
-    launch = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={out}", *OVERRIDES, str(script), *ARGV]
-    env = {"ARGV_OUT": str(got), "ARGV_IN": json.dumps(ARGV), "ENV_IN": json.dumps(ENV), **ENV}
+    out, got, argv = tmp_path / "runs", tmp_path / "argv.json", [*ARGV, *SHAPED, *KEPT]
+    launch = [sys.executable, "-m", "launcher", "--gpus", "2", f"output_dir={out}", *OVERRIDES, *SHAPED_OVERRIDES,
+              str(script), *argv]
+    env = {"ARGV_OUT": str(got), "ARGV_IN": json.dumps(argv), "ENV_IN": json.dumps(ENV), **ENV}
     result = run_bounded(["sh", "-c", 'umask 027 && exec "$@"', "sh", *launch], cwd=REPO, timeout=150, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(got.read_text()) == ARGV  # the script still receives its real arguments
+    assert json.loads(got.read_text()) == argv  # the script still receives its real arguments
     assert [s for s in SECRETS if s in result.stdout + result.stderr] == [], "the launcher printed a secret"
     run_dir = only_run_dir(out)
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     # the records a secret must not reach, all of which this run writes (logs: the launcher's and the ranks')
     written = {str(p.relative_to(run_dir)) for p in files}
     assert {"config.yaml", "plan.json", "summary.json", "logs/launcher.log", "logs/rank-0.log"} <= written, written
-    assert [p for p in files if p.parent.name == "env" and p.suffix == ".json"], written
+    [vm] = [p for p in files if p.parent.name == "env" and p.suffix == ".json"]
+    assert [p for p in files if p.suffix == ".wandb"], f"the launcher's W&B run (its args metadata) is missing: {written}"
     for path in files:
         text = path.read_text(errors="replace")
         assert not [s for s in SECRETS if s in text], f"{path} holds a secret"
     command = json.loads((run_dir / "plan.json").read_text())["command"]
-    assert command[2:4] == ["--api-key", REDACTED] and command[-8:] == ARGV[-8:]  # look-alikes kept
+    assert command[2:4] == ["--api-key", REDACTED] and command[-len(KEPT) - len(SHAPED) - 8:-len(KEPT) - len(SHAPED)] \
+        == ARGV[-8:] and command[-len(KEPT):] == KEPT  # look-alikes kept
     assert f"postgres://u:{REDACTED}@db.example/prod" in command
+    recorded = json.loads(vm.read_text())["command"]  # the command line: the list override's key redacted, look-alikes kept
+    assert f"wandb.tags=[ok,{REDACTED}]" in recorded and recorded[-len(KEPT):] == KEPT, recorded
     for name in ("plan.json", "config.yaml", "summary.json"):
         mode = stat.S_IMODE((run_dir / name).stat().st_mode)
         assert mode == 0o640, f"{name} is {oct(mode)} under umask 027"
@@ -149,7 +181,9 @@ def test_the_dry_run_print_holds_no_secret(tmp_path):
     script = tmp_path / "argv.py"
     script.write_text("pass\n")
     result = run_bounded([sys.executable, "-m", "launcher", "--dry-run", "--gpus", "2", f"output_dir={tmp_path / 'runs'}",
-                          *OVERRIDES, str(script), *ARGV], cwd=REPO, timeout=100, env=ENV)
+                          *OVERRIDES, *SHAPED_OVERRIDES, str(script), *ARGV, *SHAPED, *KEPT], cwd=REPO, timeout=100,
+                         env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "# launch plan" in result.stdout and f"postgres://u:{REDACTED}@db.example/prod" in result.stdout
     assert [s for s in SECRETS if s in result.stdout + result.stderr] == [], result.stdout
+    assert all(kept in result.stdout for kept in KEPT), result.stdout

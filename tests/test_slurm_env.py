@@ -18,7 +18,8 @@ import pytest
 from launcher.backends.slurm.environment import SlurmEnvironment, parse_nodelist, port_for_job
 from launcher.config.schema import load_config
 from launcher.errors import ConfigError, LaunchError
-from launcher.backends.slurm.environment import adopt_allocation, should_submit
+from launcher.backends.registry import adopt_allocation
+from launcher.backends.slurm.environment import should_submit
 from launcher.backends.slurm.submit import executor_parameters
 from tests.helpers import REPO, run_launcher
 
@@ -147,13 +148,16 @@ def test_the_task_process_loads_no_torch(tmp_path):
     torch into submitit's process: that was a second `import torch` (~2 CPU-s) on every node."""
     import pickle
 
-    from launcher.backends.slurm.task import SlurmNodeAgent
+    from launcher.backends.slurm.task import SlurmNodeAgent, TaskSpec
+    from launcher.config.schema import load_config
 
+    cfg = load_config(None, [f"output_dir={tmp_path}", "run_id=r"])
     pickled = tmp_path / "submitted.pkl"
-    pickled.write_bytes(pickle.dumps(SlurmNodeAgent({"output_dir": str(tmp_path), "run_id": "r"})))
+    pickled.write_bytes(pickle.dumps(SlurmNodeAgent(TaskSpec.of(cfg))))
     probe = ("import pickle, sys; agent = pickle.load(open(sys.argv[1], 'rb')); "
-             "print(type(agent).__name__, agent.config['run_id'], 'torch' in sys.modules)")
+             "print(type(agent).__name__, agent.task.run_id, agent.task.workers, "
+             "any(m in sys.modules for m in ('torch', 'omegaconf')))")
     done = subprocess.run([sys.executable, "-c", probe, str(pickled)], capture_output=True, text=True, timeout=50,
                           cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["SlurmNodeAgent", "r", "False"]
+    assert done.stdout.split() == ["SlurmNodeAgent", "r", "trainer", "False"]

@@ -91,12 +91,51 @@ BAD = [
     (["seed=1,2", "seed=3,4"], "seed is swept twice"),
     (["seed=1,2", "--list", "/no/such/file"], "--list /no/such/file: cannot read it"),
     (["seed=1,2", "--wait"], "--wait follows a SLURM job array"),
+    (["seed=1,2,3", "--list", "LIST3", "--max-members", "8"], "9 members is more than --max-members 8"),
 ]
+
+
+def test_a_sweep_over_the_cap_is_refused_at_once_and_the_option_raises_the_cap(tmp_path):
+    """Over the cap (1,000 by default) a sweep is refused before any member is expanded or its config checked:
+    5,000 members took 75 s and printed nothing. --max-members takes a sweep over the cap: its members are checked
+    and planned as any others."""
+    before = os.times()
+    result = run_launcher(["sweep", "--output-dir", str(tmp_path / "out"), f"seed={','.join(map(str, range(50)))}",
+                           f"data.batch_size={','.join(map(str, range(1, 101)))}"], cwd=tmp_path, timeout=60)
+    after = os.times()
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0] == ("error: sweep: 5,000 members is more than --max-members 1,000: sweep fewer values, or pass "
+                        "--max-members 5000 to run them all")
+    cpu_s = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+    assert cpu_s < 10, f"the refusal took {cpu_s:.1f} CPU-s: it checked members first"  # checking them all: ~75
+    result = run_launcher(["sweep", "--dry-run", "--output-dir", str(tmp_path / "out"), "seed=1,2,3", "trainer.lr=0.1,0.2",
+                           "--max-members", "5"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and "6 members is more than --max-members 5" in result.stderr, result.stderr
+    allowed = run_launcher(["sweep", "--dry-run", "--output-dir", str(tmp_path / "out"), "seed=1,2,3",
+                            "trainer.lr=0.1,0.2", "--max-members", "6"], cwd=tmp_path, timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    assert len([line for line in allowed.stdout.splitlines() if line.startswith("python -m launcher")]) == 6
+    assert "--max-members" not in allowed.stdout  # the sweep's own option, not its members'
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_long_check_of_the_members_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    """Checking each member's config (~15 ms each: 15 s for 1,000) prints how far it is every PROGRESS_S."""
+    from launcher.commands import sweep as sweep_command
+
+    monkeypatch.setattr(sweep_command, "PROGRESS_S", 0.0)
+    request = sweep_command.parse_request(["--output-dir", str(tmp_path), *QUICK, "seed=1,2,3"])
+    sweep = sweep_command.new_sweep("s", time.time(), "local", request.keys, request.base_args, request.members)
+    assert len(sweep_command.check_members(sweep, tmp_path / "s")) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"sweep: checking the members' configs: {k}/3" for k in range(3)], err
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bad_input_is_one_line_exit_2_and_no_sweep_folder(tmp_path):
+    (tmp_path / "LIST3").write_text("trainer.lr=0.1\ntrainer.lr=0.2\ntrainer.lr=0.3\n")
     for args, expected in BAD:
         result = run_launcher(["sweep", "--output-dir", str(tmp_path / "out"), *QUICK, *args], cwd=tmp_path, timeout=60)
         assert result.returncode == 2, (args, result.stderr)

@@ -63,8 +63,10 @@ def test_a_link_planted_in_the_run_directory_is_refused_and_its_target_unchanged
     assert not (out / "r" / "plan.json").exists(), "refused before the run directory was written"
 
 
-def test_a_link_planted_mid_run_is_refused_when_met_and_never_written_through(tmp_path):
-    """Planted once the run has started (after the pre-start check): the restart's rank log meets it."""
+@pytest.mark.parametrize("planted", ["link", "fifo"])
+def test_a_link_planted_mid_run_is_refused_when_met_and_never_written_through(tmp_path, planted):
+    """Planted once the run has started (after the pre-start check): the restart's rank log meets it. A FIFO there
+    is refused the same way, where the open used to wait for a reader forever (docs/security.md)."""
     target = victim(tmp_path)
     out = tmp_path / "runs"
     link = out / "r" / "logs" / "rank-0.attempt-1.log"
@@ -74,12 +76,13 @@ def test_a_link_planted_mid_run_is_refused_when_met_and_never_written_through(tm
         deadline = time.monotonic() + 120
         while not (out / "r" / "plan.json").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        link.symlink_to(target)
+        link.symlink_to(target) if planted == "link" else os.mkfifo(link)
         output, _ = communicate_bounded(proc, 150, "launcher")  # stderr is merged into it
     finally:
         kill_group(proc)
     last = output.strip().splitlines()[-1]  # the injected fault's own traceback is rank 0's, above it
-    assert last.startswith("error: ") and WHY in last and str(link) in last, output[-2000:]
+    why = WHY if planted == "link" else "is a FIFO, not a regular file the launcher made"
+    assert last.startswith("error: ") and why in last and str(link) in last, output[-2000:]
     assert proc.returncode == 2, (proc.returncode, output[-2000:])
     assert target.read_bytes() == VICTIM_TEXT
 

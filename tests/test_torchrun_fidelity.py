@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -170,11 +171,15 @@ def env_differences(ours: Dict[str, str], theirs: Dict[str, str], watchdog: bool
     return {k: (ours.get(k), theirs.get(k)) for k in sorted(keys) if ours.get(k) != theirs.get(k)}
 
 
+@pytest.mark.compat
 def test_a_script_gets_torchruns_environment_and_no_variable_of_ours_without_the_watchdog(plain):
     """Also: the standalone line of torchrun's docs runs alike (its arguments checked in the interpreter test)."""
     for rank in range(2):
         ours, theirs = plain.seen(rank)
         assert env_differences(ours["env"], theirs["env"], watchdog=False) == {}
+        # torchrun's run id for its standalone line: a fresh uuid4 each run, under both
+        run_ids = [seen["env"]["TORCHELASTIC_RUN_ID"] for seen in (ours, theirs)]
+        assert all(str(uuid.UUID(run_id, version=4)) == run_id for run_id in run_ids) and len(set(run_ids)) == 2
 
 
 def test_with_the_watchdog_on_a_script_gets_exactly_its_two_variables_more(spawned):
@@ -183,11 +188,12 @@ def test_with_the_watchdog_on_a_script_gets_exactly_its_two_variables_more(spawn
         ours, theirs = spawned.seen(rank)
         assert ours["env"].get("LAUNCHER_RUN_DIR") == str(run_dir)
         assert ours["env"].get("LAUNCHER_WATCHDOG_TIMEOUT_S") == "300"
+        assert ours["env"]["TORCHELASTIC_RUN_ID"] == run_dir.name  # the launcher's own line: its run id (docs/torchrun.md)
         assert not [k for k in WATCHDOG_ENV if k in theirs["env"]]
         assert env_differences(ours["env"], theirs["env"], watchdog=True) == {}
 
 
-@pytest.mark.parametrize("shape, start_method", [("plain", None), ("spawned", "spawn")])
+@pytest.mark.parametrize("shape, start_method", [pytest.param("plain", None, marks=pytest.mark.compat), ("spawned", "spawn")])
 def test_a_script_sees_torchruns_interpreter(request, shape, start_method):
     runs = request.getfixturevalue(shape)
     for rank in range(2):
@@ -202,7 +208,7 @@ def test_a_script_sees_torchruns_interpreter(request, shape, start_method):
         assert ours["threads"] == 1
 
 
-@pytest.mark.parametrize("shape", ["plain", "spawned"])
+@pytest.mark.parametrize("shape", [pytest.param("plain", marks=pytest.mark.compat), "spawned"])
 def test_no_module_of_the_project_is_loaded_and_only_named_stdlib_modules_are_added(request, shape):
     runs = request.getfixturevalue(shape)
     for rank in range(2):

@@ -1,4 +1,4 @@
-"""`python -m launcher` takes torchrun's command line: every flag of `torchrun --help` (torch 2.6-2.13), in both
+"""`python -m launcher` takes torchrun's command line: every flag of `torchrun --help` (torch 2.7-2.15), in both
 spellings, means here what it means to torchrun, or is refused in one line (exit 2, no run directory).
 
 The mapping tests are pure (launcher.config.torchrun_flags, device counts faked); the runs at the end start the
@@ -10,6 +10,7 @@ line's runs are that file's plain observer runs).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,15 +27,27 @@ from tests.test_torchrun_fidelity import COMMON_ENV, RUN_TIMEOUT_S, SCRIPTS, env
 
 pytestmark = pytest.mark.timeout(300)
 
-HOST = Host(cuda_count=lambda: 0, cpu_count=lambda: 6)  # a CPU machine with 6 cores
-GPU_HOST = Host(cuda_count=lambda: 4, cpu_count=lambda: 6)
+HOST = Host(cuda_count=lambda: 0, cpu_count=lambda: 6, fresh_id=lambda: "FRESH")  # a CPU machine with 6 cores
+GPU_HOST = Host(cuda_count=lambda: 4, cpu_count=lambda: 6, fresh_id=lambda: "FRESH")
+RUN_ID = "rdzv.torchelastic_run_id="  # every torchrun line ends its overrides with torchrun's run id (tested below)
 
 
 def mapped(line: str, host: Host = HOST) -> List[str]:
+    """The launcher's line for a torchrun line, less its run id override."""
     notes: List[str] = []
     out = launcher_argv(line.split(), value_flags(), host, notes.append)
     assert not notes, notes
-    return out
+    assert len([t for t in out if t.startswith(RUN_ID)]) <= 1, out
+    return [t for t in out if not t.startswith(RUN_ID)]
+
+
+def run_id_of(line: str) -> str:
+    """The workers' TORCHELASTIC_RUN_ID a torchrun line asks for."""
+    [item] = [t for t in launcher_argv(line.split(), value_flags(), HOST) if t.startswith(RUN_ID)]
+    args, _ = parse_args([item])
+    from launcher.config.schema import load_config
+
+    return str(load_config(overrides=args.overrides).rdzv.torchelastic_run_id)
 
 
 def spellings(flag: str, value: str) -> List[str]:
@@ -57,7 +70,8 @@ def spellings(flag: str, value: str) -> List[str]:
     ("--redirects", "3", ["launcher.redirects='3'"]), ("--logs-specs", "x", None),
     ("--numa-binding", "node", None), ("--signals-to-handle", "SIGUSR1", None),
     ("--event-log-handler", "console", None), ("--duplicate-stdout-filters", "a", None),
-    ("--duplicate-stderr-filters", "a", None),
+    ("--duplicate-stderr-filters", "a", None), ("--log-line-prefix-template", "x", None),
+    ("--print-completion", "zsh", None),
 ])
 def test_each_flag_in_each_spelling_maps_or_is_refused(flag, value, expected):
     for line in spellings(flag, value):
@@ -68,6 +82,15 @@ def test_each_flag_in_each_spelling_maps_or_is_refused(flag, value, expected):
             assert mapped(f"{line} train.py") == [*line.split(), "train.py"]
         else:
             assert mapped(f"{line} train.py") == [*expected, "--", "train.py"], line
+
+
+@pytest.mark.compat
+def test_every_flag_of_this_torchs_torchrun_is_mapped_or_refused():
+    """A torch release that gives torchrun a flag the table does not know fails here, on the torch that has it."""
+    from torch.distributed.run import get_args_parser
+
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", get_args_parser().format_usage())) - {"--help"}
+    assert flags - (torchrun_flags.SWITCHES | torchrun_flags.VALUED) == set()
 
 
 @pytest.mark.parametrize("line, expected", [
@@ -115,7 +138,7 @@ def test_what_torchrun_ignores_is_named_on_stderr_not_dropped_silently():
     notes: List[str] = []
     out = launcher_argv("--standalone --rdzv-endpoint h:1 --nproc-per-node 2 t.py".split(), value_flags(), HOST,
                         notes.append)
-    assert out == ["--gpus", "2", "--", "t.py"] and notes == [
+    assert out == ["--gpus", "2", f"{RUN_ID}'FRESH'", "--", "t.py"] and notes == [
         "note: --standalone: --rdzv-endpoint ignored, as torchrun ignores it (one machine, a free port)"]
 
 
@@ -140,6 +163,10 @@ def test_a_mapped_line_parses_into_the_launchers_config_overrides():
     ("--rdzv-backend c10d", "needs --rdzv-endpoint"),
     ("--rdzv-conf bogus=5", "not a rendezvous option here"),
     ("--standalone --nnodes 2", "--standalone is one machine"),
+    ("--standalone --nnodes 1:2", "--nnodes 1:2 asks for up to 2"), ("--standalone --nodes 2", "--nodes 2 asks for up to 2"),
+    ("--rdzv-backend c10d --rdzv-endpoint h0:0 --nnodes 1:2", "port 0 picks a free port, which the other nodes of --nnodes 1:2"),
+    ("--nproc-per-node \u00b2", "the launcher takes a number"),  # isdigit() took it, int() does not
+    ("--rdzv-conf read_timeout=-1", "read_timeout is seconds a store read may take"),
     ("--no-python", "--no-python"), ("--no_python", "--no-python"), ("--virtual-local-rank", "LOCAL_RANK"),
     ("--local-addr 10.0.0.2", "loopback only"),
     ("--start-method thread", "spawn, fork or forkserver"),
@@ -208,13 +235,15 @@ def test_a_module_on_a_static_rendezvous_runs_alike_on_the_given_port(tmp_path):
                            "--nproc_per_node", "2", "-m"], ["observer"])
     for ours, theirs in seen:
         assert ours["MASTER_PORT"] == theirs["MASTER_PORT"] == port
+        assert ours["TORCHELASTIC_RUN_ID"] == theirs["TORCHELASTIC_RUN_ID"] == "none"  # static, no --rdzv-id
         assert env_differences(ours, theirs, watchdog=False) == {}
 
 
 @pytest.mark.slow
 def test_a_c10d_rendezvous_line_runs_alike_with_its_role_and_console_filter(tmp_path):
-    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}", "--rdzv-id", "job",
-             "--nproc-per-node", "2", "--role", "trainer", "--local-ranks-filter", "0", "-r", "0:2"]
+    """Also torchrun's documented "Fault tolerant" line (--nnodes=1, --max-restarts=3, --rdzv-id, c10d)."""
+    flags = ["--nnodes=1", "--max-restarts=3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}",
+             "--rdzv-id", "job", "--nproc-per-node", "2", "--role", "trainer", "--local-ranks-filter", "0", "-r", "0:2"]
     seen, run = both(tmp_path, flags, ["observer.py"])
     console = run.stdout + run.stderr  # local rank 1 not at all, rank 0's stderr kept in its log only
     assert "[rank0]: OUT-LINE" in console and "[rank0]: ERR-LINE" not in console and "[rank1]:" not in console
@@ -223,5 +252,7 @@ def test_a_c10d_rendezvous_line_runs_alike_with_its_role_and_console_filter(tmp_
     assert all("OUT-LINE" in text and "ERR-LINE" in text for text in texts)
     for ours, theirs in seen:
         assert ours["ROLE_NAME"] == theirs["ROLE_NAME"] == "trainer"
+        assert ours["TORCHELASTIC_RUN_ID"] == theirs["TORCHELASTIC_RUN_ID"] == "job"
+        assert ours["TORCHELASTIC_MAX_RESTARTS"] == theirs["TORCHELASTIC_MAX_RESTARTS"] == "3"
         assert env_differences({**ours, "ROLE_NAME": "default"}, {**theirs, "ROLE_NAME": "default"},
                                watchdog=False) == {}

@@ -146,7 +146,8 @@ def test_builtin_trainer_hang_is_caught_and_explained(tmp_path):
     proc, workers = launch(tmp_path, args, env)
     _, err = finish(proc, TIMEOUT_S + BOUND_S)
     message = check_hang_report(tmp_path, proc, workers, err, "maybe_hang (trainers/faults/hang.py:")
-    assert "rank 0 stuck" in message and "(trainers/" in message  # rank 0 waits in the step-boundary all_reduce (trainers/faults/stop.py), a path the user knows
+    # rank 0 waits in the step-boundary all_reduce (trainers/faults/stop.py), a path the user knows
+    assert "rank 0 stuck" in message and "(trainers/" in message
 
 
 def test_script_that_never_beats_is_not_judged(tmp_path):

@@ -47,7 +47,7 @@ def resolve_auto_batch(model: nn.Module, dataset: Any, cfg: Any, env: Any, devic
         print(f"data.batch_size=auto chose {found['batch_size']} per worker under {cap / 2**20:.1f} MiB "
               f"({'measured peak' if device.type == 'cuda' else 'estimate'}; tried {sizes})", flush=True)
     return {"auto_batch_size": found["batch_size"], "auto_batch_cap_bytes": cap,
-            "auto_batch_tried": {str(b): v for b, v in sorted(found["tried"].items())}}
+            "auto_batch_tried": {str(b): v if math.isfinite(v) else None for b, v in sorted(found["tried"].items())}}
 
 
 def measure_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, device: torch.device) -> float:

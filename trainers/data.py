@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, List, Sized, Tuple
+from typing import Any, Iterable, Iterator, List, Sized, Tuple
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -69,7 +69,8 @@ class ResumableSampler(DistributedSampler):
     """
 
     def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int, batch_size: int = 1) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        # torch types it a Dataset, which declares no __len__; what the sampler needs is its len()
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)  # type: ignore[arg-type]
         self.start, self.batch_size = 0, batch_size
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -106,7 +107,7 @@ def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world: int,
     return loader, sampler
 
 
-def grouped_batches(loader: DataLoader, size: int) -> Iterator[List[Any]]:
+def grouped_batches(loader: Iterable[Any], size: int) -> Iterator[List[Any]]:
     """The loader's batches in groups of ``size`` (one optimizer step's micro-batches), each batch
     with the seconds the loop waited for it; a partial group at the end of the epoch is dropped."""
     group: List[Any] = []

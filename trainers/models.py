@@ -14,7 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class MLP(nn.Module):
+class Layered(nn.Module):
+    """The shape every built-in model has, as the strategies and transforms see it (declared for the type checker:
+    nn.Module's attribute lookup types a submodule as Tensor | Module)."""
+
+    stem: nn.Module
+    blocks: nn.ModuleList
+    head: nn.Module
+
+
+class MLP(Layered):
     """A plain ReLU MLP; the default (4 x 512 hidden) has about 0.9M parameters."""
 
     def __init__(self, in_dim: int, hidden: int, depth: int, classes: int) -> None:
@@ -82,7 +91,7 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
+class GPT(Layered):
     """A small GPT-style language model: embeddings, pre-norm blocks, a final norm and an LM head."""
 
     def __init__(self, vocab: int, dim: int, depth: int, heads: int, seq_len: int) -> None:
@@ -106,7 +115,7 @@ class ConvHead(nn.Module):
         return self.fc2(F.relu(self.fc1(x.mean(dim=(2, 3)))))
 
 
-class CNN(nn.Module):
+class CNN(Layered):
     """A small all-convolutional image classifier for the synthetic image dataset."""
 
     def __init__(self, channels: int, depth: int, hidden: int, classes: int) -> None:
@@ -121,14 +130,14 @@ class CNN(nn.Module):
         return run_layers(self, x)
 
 
-def run_layers(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def run_layers(model: Layered, x: torch.Tensor) -> torch.Tensor:
     x = model.stem(x)
     for block in model.blocks:
         x = block(x)
     return model.head(x)
 
 
-def build_model(model_cfg: Any) -> nn.Module:
+def build_model(model_cfg: Any) -> Layered:
     m = model_cfg
     if m.name == "mlp":
         return MLP(m.in_dim, m.hidden, m.depth, m.classes)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.runtime import torch_private
 from .models import loss_fn
 from .precision import Precision
 
@@ -41,7 +42,7 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         with model.no_sync():
             yield
     elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2's fully_shard
-        set_sync = getattr(model, "set_requires_gradient_sync")
+        set_sync = getattr(model, "set_requires_gradient_sync")  # noqa: B009 (model.X types as Tensor | Module: nn.Module's __getattr__)
         set_sync(False)
         try:
             yield
@@ -65,11 +66,11 @@ def settle_gradient_buckets(model: nn.Module, batch: Batch, device: torch.device
     the uninterrupted one at any world size. Other strategies have no buckets to settle. True when
     it ran that extra iteration.
     """
-    if not isinstance(model, DistributedDataParallel) or getattr(model, "_has_rebuilt_buckets", True):
+    if not isinstance(model, DistributedDataParallel) or torch_private.ddp_buckets_rebuilt(model):
         return False
     if getattr(model, "_launcher_settled", False):  # a DDP that never rebuilds (find_unused_parameters): once
         return False
-    model._launcher_settled = True
+    model._launcher_settled = True  # type: ignore[assignment]  # any value goes: torch types only Tensor | Module
     was_training = model.training
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         model.eval()
@@ -102,7 +103,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_bat
         with gradient_sync(model, micro == count - 1):
             if hasattr(model, "train_step"):  # pipeline: its schedule runs forward and backward
                 with precision.autocast():
-                    losses.append(getattr(model, "train_step")(x, y))
+                    losses.append(getattr(model, "train_step")(x, y))  # noqa: B009 (as above: an FSDP or pipeline method)
                 phase("backward")
                 continue
             with precision.autocast():
@@ -154,5 +155,5 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     host_coef = float(coef) if any(hasattr(g, "full_tensor") for g in grads) else None  # DTensors take a number
     for g in grads:
-        g.mul_(host_coef if hasattr(g, "full_tensor") else coef)
+        g.mul_(host_coef if host_coef is not None and hasattr(g, "full_tensor") else coef)
     return norm

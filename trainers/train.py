@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from launcher.runtime.beats import heartbeat
 from launcher.runtime.config import read_config
 from launcher.runtime.env import START_TIME
+from launcher.runtime.goodput import GoodputClock, first_step_of_launch, job_goodput
+from launcher.runtime.schema import Status
 from .autobatch import activation_bytes, resolve_auto_batch
 from .checkpoint.checkpointer import Checkpointer, Start, open_epoch
 from .data import ResumableSampler, build_dataset, build_loader, grouped_batches
@@ -30,7 +32,6 @@ from .faults.inject import maybe_fail
 from .faults.stop import STOP
 from .metrics.features import FeatureTimes, feature_summary, loader_settings
 from .metrics.footprint import PeakMemory, state_bytes
-from .metrics.goodput import GoodputClock, first_step_of_launch, job_goodput
 from .metrics.loggers import MetricsLogger, build_loggers, run_dir_from_env
 from .metrics.memory import OutOfMemory, memory_stats, oom_message
 from .metrics.steps import Gathered, StepMeter, attach_comm_timer, job_figures, window_metrics
@@ -47,7 +48,7 @@ WARMUP_STEPS = 3  # steps left out of the steady-state step time (first-step cos
 
 def train(cfg: Any, run_dir: Optional[str] = None) -> Dict[str, Any]:
     """Train cfg.model with cfg.trainer.strategy; rank 0's result carries the job-wide figures."""
-    marks = {"launch": time.time()}  # the attempt's start, by phase (trainers.metrics.goodput.PHASES)
+    marks = {"launch": time.time()}  # the attempt's start, by phase (launcher.runtime.goodput.PHASES)
     env = DistEnv.from_environ()
     STOP.install(grace_s=cfg.checkpoint.grace_s)  # Ctrl-C/SIGTERM: checkpoint at the next step boundary
     set_threads()
@@ -83,7 +84,7 @@ class _Run:
     accum: int  # micro-batches per optimizer step
     global_batch: int  # the effective batch of one optimizer step
     memory: PeakMemory
-    clock: GoodputClock  # rank 0's record of where this attempt's time went (trainers.metrics.goodput)
+    clock: GoodputClock  # rank 0's record of where this attempt's time went (launcher.runtime.goodput)
     run_dir: Optional[str]
     seen: SeenRecorder  # data.record_shards: the indices of every step
 
@@ -198,7 +199,7 @@ def _goodput_so_far(env: DistEnv, run: _Run) -> Dict[str, Any]:
     started = _launch_started()
     if env.rank != 0 or started is None:
         return {}
-    return job_goodput(run.run_dir, started, time.time(), "completed")
+    return job_goodput(run.run_dir, started, time.time(), Status.COMPLETED)
 
 
 def _train_step(cfg: Any, env: DistEnv, device: torch.device, run: _Run, state: _LoopState,
@@ -301,9 +302,19 @@ def _finish(cfg: Any, env: DistEnv, device: torch.device, backend: str, run: _Ru
         "checkpoint_async": run.checkpointer.is_async, "checkpoint_staged_bytes": run.checkpointer.staged_bytes,
         **_goodput_so_far(env, run),
     }
-    run.loggers.log_summary(result)
+    run.loggers.log_summary({**result, **_ending(cfg, state)})
     run.loggers.close()
     return result
+
+
+def _ending(cfg: Any, state: _LoopState) -> Dict[str, Any]:
+    """How this attempt ended, for the W&B run's summary (summary.json has the launcher's word): a requeued job's
+    run says "preempted" and when while it waits, and "completed" once its last attempt ends."""
+    if state.step >= cfg.trainer.steps or STOP.signum is None:
+        return {"status": str(Status.COMPLETED)}
+    if STOP.signum == signal.SIGUSR2:  # SLURM's warning: a preemption or a time limit (launcher.backends.slurm)
+        return {"status": str(Status.PREEMPTED), "preempted_at": STOP.requested_wall}
+    return {"status": str(Status.INTERRUPTED)}
 
 
 def _gather_objects(value: Any, world: int) -> List[Any]:

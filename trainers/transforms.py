@@ -4,24 +4,25 @@ Both replace each block's ``forward`` on the instance instead of wrapping the bl
 module, so parameter names stay ``blocks.N...``: tensor parallel plans, FSDP's per-block
 sharding and checkpoints keep working unchanged. Order matters and follows torchtitan:
 checkpointing, then compile, then the strategy (DDP(compiled) works; torch.compile(DDP(m))
-silently stays uncompiled, see FACTS.md).
+silently stays uncompiled, measured on torch 2.13).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import torch
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .models import Layered
 
-def apply_activation_checkpointing(model: nn.Module) -> int:
+
+def apply_activation_checkpointing(model: Layered) -> int:
     """Each block keeps only its input for backward and recomputes the rest; returns blocks changed."""
-    blocks = cast(nn.ModuleList, model.blocks)
+    blocks = model.blocks
     for block in blocks:
-        block.forward = functools.partial(_checkpointed, block.forward)  # type: ignore[method-assign]
+        block.forward = functools.partial(_checkpointed, block.forward)
     return len(blocks)
 
 
@@ -30,15 +31,15 @@ def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def apply_compile(model: nn.Module) -> int:
+def apply_compile(model: Layered) -> int:
     """Compile each block's forward (the blocks share one graph: same code, parameters as inputs)."""
-    blocks = cast(nn.ModuleList, model.blocks)
+    blocks = model.blocks
     for block in blocks:
-        block.forward = torch.compile(block.forward)  # type: ignore[method-assign]
+        block.forward = torch.compile(block.forward)
     return len(blocks)
 
 
-def prepare_model(model: nn.Module, trainer_cfg: Any) -> nn.Module:
+def prepare_model(model: Layered, trainer_cfg: Any) -> Layered:
     """The transforms the config asks for, in the order that works; the strategy wraps the result."""
     if trainer_cfg.activation_checkpointing:
         apply_activation_checkpointing(model)

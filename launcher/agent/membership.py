@@ -3,7 +3,7 @@
 Each agent writes one small record per round it took part in, ``goodput/<launch>-round-<round>.json``
 (the first node to write a round wins: every participant saw the same round), with the round's nodes
 (``host:pid`` of each node agent, as torch names them) and the job's world size. Consecutive rounds
-with other nodes are the job's membership changes: goodput reads them (launcher.trainers.metrics.goodput
+with other nodes are the job's membership changes: goodput reads them (launcher.runtime.goodput
 membership_changes), counts the time they cost as their own cause, and lists them in summary.json.
 """
 
@@ -17,26 +17,15 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher.runtime import env, safefs
-from launcher.trainers.metrics.goodput import DIR, launch_key
+from launcher.runtime.goodput import DIR, launch_key
 
 log = logging.getLogger("launcher")
 
 
-def round_nodes(rdzv_handler: Any) -> Optional[Dict[str, Any]]:
-    """{round, nodes} of the round the handler just completed; None where it keeps no such state (static)."""
-    holder = getattr(rdzv_handler, "_state_holder", None)
-    state = getattr(holder, "state", None)
-    participants = getattr(state, "participants", None)
-    if state is None or not isinstance(participants, dict):
-        return None
-    nodes = sorted(f"{desc.addr}:{desc.pid}" for desc in participants)
-    return {"round": int(getattr(state, "round", 0)), "nodes": nodes}
-
-
-def record_round(run_dir: str, worker_group: Any) -> Optional[Dict[str, Any]]:
-    """Write this round's record (once per round across the nodes); returns it. Never raises: a record lost
-    costs the summary's list of changes, not the job."""
-    seen = round_nodes(worker_group.spec.rdzv_handler)
+def record_round(run_dir: str, worker_group: Any, seen: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Write the record of the round seen ({round, nodes}: launcher.runtime.torch_private.rendezvous_round; None on
+    a static rendezvous), once per round across the nodes; returns it. Never raises: a record lost costs the
+    summary's list of changes, not the job."""
     started = os.environ.get(env.START_TIME)
     if seen is None or started is None:
         return None

@@ -26,19 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from torch.distributed.elastic.multiprocessing.api import PContext, RunProcsResult
+from torch.distributed.elastic.multiprocessing.api import RunProcsResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from launcher.agent.failures import readable_error_file
+from launcher.agent.spec import WorkerKind
+from launcher.plan import StartMethod
 from launcher.agent.streams import OutputRouter, console_streams
 from launcher.agent.zygote import BOOTSTRAP, Zygote
 from launcher.interrupts import blocked_for_child, start_thread
-from launcher.runtime import safefs
+from launcher.runtime import safefs, torch_private
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 from launcher.runtime.env import ATTEMPT
 
 log = logging.getLogger("launcher")
 STACK_WAIT_S = 2.0
+STATUS_WAIT_S = 0.2  # for a rank's last status line, once its exit is seen
 
 
 def result_file(run_dir: str, rank: int) -> Path:
@@ -50,18 +53,18 @@ def result_file(run_dir: str, rank: int) -> Path:
 class WorkerJob:
     """What every worker of this node runs, whatever the attempt."""
 
-    kind: str  # script | module | trainer
+    kind: WorkerKind
     target: Optional[str]  # the script path or module name
     args: tuple
     run_dir: str
     added_env: Dict[str, str]  # what the launcher adds to the agent's environment (plan.worker_env)
     dropped_env: tuple  # the agent's own variables, which workers do not get
-    start_method: str  # fork (from the zygote) | spawn (fresh interpreters)
+    start_method: StartMethod
     exit_timeout_s: float
     heartbeat: bool  # register each rank with the hang watchdog (stack dumps, heartbeat files)
     config: Dict[str, Any] = field(default_factory=dict)  # the built-in trainer's config
     cwd: str = field(default_factory=os.getcwd)
-    slurm: bool = False
+    ignored_signals: tuple = ()  # signals a scheduler sends every process of its job step (SLURM's warning USR2)
     # a script's step records (launcher/worker/progress.py): {"launch": launch key, "wandb": bool}; None = off
     steps: Optional[Dict[str, Any]] = None
     redirects: str = "0"  # launcher.redirects: streams the console leaves out (torchrun's -r)
@@ -76,12 +79,13 @@ class _Worker:
     popen: Optional[subprocess.Popen] = None
     code: Optional[int] = None  # exit code once it ended
     ended_at: Optional[float] = None
+    failed_at: Optional[float] = None  # time.time() it ended (its own word where it said, else when it was reaped)
     on_its_own: bool = True  # False: it ended after we started stopping the attempt
     hung_at_exit: bool = False
 
 
-class WorkerProcesses(PContext):
-    """One attempt's workers on this node."""
+class WorkerProcesses(torch_private.process_context_class()):  # type: ignore[misc]
+    """One attempt's workers on this node: torch's PContext (start, wait, close, pids) for its agent."""
 
     latest: Optional["WorkerProcesses"] = None  # this node's current attempt (SLURM's checkpoint signal needs it)
 
@@ -102,7 +106,7 @@ class WorkerProcesses(PContext):
         env.update(self.job.added_env)
         return env
 
-    def _start(self) -> None:
+    def start_all(self) -> None:
         base = self.base_env()
         zygote = Zygote.current() if self.job.start_method == "fork" else None
         if zygote is not None and zygote.proc.poll() is not None:  # killed: its workers went with it
@@ -137,7 +141,7 @@ class WorkerProcesses(PContext):
     def _spec(self, local_rank: int, rank: int, env: Dict[str, str], attempt: int) -> Dict[str, Any]:
         spec: Dict[str, Any] = {"kind": self.job.kind, "target": self.job.target, "args": list(self.job.args),
                                 "env": env, "cwd": self.job.cwd, "error_file": self.error_files.get(local_rank),
-                                "slurm": self.job.slurm}
+                                "ignored_signals": list(self.job.ignored_signals)}
         if self.job.heartbeat:
             spec["heartbeat"] = {"run_dir": self.job.run_dir, "rank": rank, "local_rank": local_rank}
         if self.job.steps is not None:
@@ -168,6 +172,24 @@ class WorkerProcesses(PContext):
                 code = -signal.SIGKILL  # the zygote's death took its workers (PR_SET_PDEATHSIG)
             if code is not None:
                 w.code, w.ended_at, w.on_its_own = code, now, not self.stopping
+                w.failed_at = self._ended_when(w, zygote.exited_at if zygote is not None and w.popen is None else {})
+
+    def _ended_when(self, w: _Worker, reaped: Dict[int, float]) -> float:
+        """When the worker's script ended (the worker says, to the millisecond), else when its process was reaped: for
+        the rank that failed first, which the others' failures follow (launcher.agent.failures.root_cause)."""
+        deadline = time.monotonic() + (STATUS_WAIT_S if w.code is not None and w.code > 0 else 0.0)
+        while True:  # an exit with a code came after its `done` line: the router thread may not have read it yet
+            status = self.router.status.get(w.rank)
+            if status is not None and status.done_wall is not None:
+                return status.done_wall
+            if time.monotonic() >= deadline:
+                return reaped.get(w.pid, time.time())
+            time.sleep(0.01)
+
+    def failure_times(self) -> Dict[int, float]:
+        """{global rank: when it failed} of the ranks that failed on their own this attempt."""
+        return {w.rank: w.failed_at for w in self.workers.values()
+                if w.failed_at is not None and w.code not in (None, 0) and w.on_its_own}
 
     def _check_exit_hangs(self) -> None:
         """A rank whose script returned but whose process lingers past the bound: name it, kill it."""
@@ -184,7 +206,7 @@ class WorkerProcesses(PContext):
                         f"the rank's result stands. A process group destroyed while a DDP model is alive can do this.")
             _kill(w.pid)
             w.hung_at_exit = True
-            self._wait_for(lambda: w.code is not None, 10.0)
+            self._wait_for(lambda w=w: w.code is not None, 10.0)  # type: ignore[misc]
             w.code = status.done_code
 
     def _dump_stacks(self, w: _Worker) -> str:
@@ -200,7 +222,7 @@ class WorkerProcesses(PContext):
             time.sleep(0.05)
         return f"; its stacks are in {path}"
 
-    def _poll(self) -> Optional[RunProcsResult]:
+    def poll_all(self) -> Optional[RunProcsResult]:
         self._collect_exits()
         self._check_exit_hangs()
         failed = {w.local_rank: w for w in self.workers.values() if w.code not in (None, 0) and w.on_its_own}
@@ -208,7 +230,8 @@ class WorkerProcesses(PContext):
             return None
         self.close()
         if failed:
-            failures = {lr: ProcessFailure(local_rank=lr, pid=w.pid, exitcode=w.code, error_file=readable_error_file(self.error_files.get(lr, "")))
+            failures = {lr: ProcessFailure(local_rank=lr, pid=w.pid, exitcode=int(w.code or 0),
+                                           error_file=readable_error_file(self.error_files.get(lr, "")))
                         for lr, w in failed.items()}
             return RunProcsResult(failures=failures, stdouts=self.stdouts, stderrs=self.stderrs)
         return RunProcsResult(return_values={w.local_rank: self._result(w) for w in self.workers.values()},
@@ -227,7 +250,7 @@ class WorkerProcesses(PContext):
 
     # ---- stop
 
-    def _close(self, death_sig: signal.Signals, timeout: int = 30) -> None:
+    def close_all(self, death_sig: signal.Signals, timeout: int = 30) -> None:
         if self._closed:
             return
         self.stopping = True

@@ -11,25 +11,19 @@ empty-state sentinel or a missing key after this node has seen a signed state (t
 for a rendezvous not yet begun, and wait out its timeout). A store is never given the secret itself:
 what goes in is the state and its MAC.
 
-The secret never enters LaunchConfig.rdzv_configs (torch logs them): the configs carry a handle to
-it, a random name this process alone can look up.
+The secret never enters the rendezvous parameters (torch logs them): launcher.agent.rendezvous hands it to the
+backend directly.
 """
 
 from __future__ import annotations
 
-import secrets
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousStateError
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, create_handler
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
 from launcher.agent import signing
 from launcher.runtime import env
-
-BACKEND_NAME = "launcher-signed-c10d"
-KEY_HANDLE = "launcher_key_handle"  # the rdzv_configs entry naming the key in _KEYS
-_KEYS: Dict[str, Tuple[bytes, bool]] = {}  # handle -> (secret, whether this process made it: a one-machine job)
 
 
 class UnsignedStateError(RendezvousStateError):
@@ -53,7 +47,7 @@ class SignedBackend(RendezvousBackend):
 
     @property
     def name(self) -> str:
-        return BACKEND_NAME  # torch's registry checks the handler's backend name against the one asked for
+        return str(self._inner.name)  # c10d's, signed
 
     def get_state(self) -> Optional[Tuple[bytes, Token]]:
         if self._seen and self._store is not None and not self._store.check([self._context]):
@@ -101,21 +95,3 @@ def unsigned_state_message(where: str, reason: str) -> str:
     return (f"rendezvous state at {where} is not signed with this job's secret: {reason} (another job on the "
             "same port, a node given another secret, or tampering); nothing of it was loaded: give every node "
             f"the same secret (--rdzv-secret-file or {env.RDZV_SECRET}), or pick another port")
-
-
-def _create_signed_handler(params: RendezvousParameters) -> Any:
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
-
-    key, own_secret = _KEYS[str(params.get(KEY_HANDLE))]
-    backend, store = create_backend(params)
-    signed = SignedBackend(backend, key, params.endpoint, params.run_id, store=store, own_secret=own_secret)
-    return create_handler(store, signed, params)
-
-
-def signed_c10d(key: bytes, own_secret: bool = False) -> Tuple[str, Dict[str, str]]:
-    """(backend name, rdzv_configs entries) for torch's elastic_launch: its c10d rendezvous, signed with key
-    (own_secret: made by this process for a job on this machine alone)."""
-    handle = secrets.token_hex(8)
-    _KEYS[handle] = (key, own_secret)
-    rendezvous_handler_registry.register(BACKEND_NAME, _create_signed_handler)
-    return BACKEND_NAME, {KEY_HANDLE: handle}

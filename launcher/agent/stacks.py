@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -14,9 +15,8 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Protocol, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
-from launcher import trainers as shipped_trainers
 from launcher.runtime import safefs
 from launcher.runtime.beats import STACK_SIGNAL, stack_file
 
@@ -33,16 +33,20 @@ SETUP_FUNCTIONS = ("init_process_group", "init_device_mesh")
 COLLECTIVE_DIRS = tuple(os.sep + os.path.join("torch", *d) + os.sep for d in (("distributed",), ("autograd",), ("nn", "parallel")))
 # torch's DataLoader: a rank blocked in it waits for data, not for a peer (its workers' stacks are their own processes)
 DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
-TRAINERS_ROOT = str(Path(shipped_trainers.__file__).resolve().parent.parent)  # where trainers/ is (the repository, or site-packages/launcher)
+TRAINERS = importlib.util.find_spec("launcher.trainers")  # found, not imported: the built-in trainer is an optional part
+TRAINERS_ROOT = str(Path(TRAINERS.origin).resolve().parent.parent) if TRAINERS and TRAINERS.origin else ""  # where trainers/ is
 LOADER_WAITS = ("_try_get_data", "_get_data")  # the multi-process loader waiting on its workers' queue
 NCCL_PIPE_PREFIX = "nccl-pipe-rank-"  # launcher.plan sets TORCH_NCCL_DEBUG_INFO_PIPE_FILE to stacks/<this>
 Frames = List[Tuple[str, int, str]]
 
 
-class Worker(Protocol):
-    rank: int
-    pid: int
-    thread: int
+class Worker(Protocol):  # read only: the watchdog's RankBeat is frozen
+    @property
+    def rank(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def thread(self) -> int: ...
 
 
 def main_thread_frames(dump: str, thread: int) -> Frames:
@@ -106,7 +110,7 @@ def _short(path: str) -> str:
     return path
 
 
-def dump_stacks(run_dir: Path, ranks: List[Worker]) -> Dict[int, Frames]:
+def dump_stacks(run_dir: Path, ranks: Sequence[Worker]) -> Dict[int, Frames]:
     """Signal every rank to dump its Python stacks into stacks/rank-<k>.txt; {rank: its main thread's frames}."""
     for r in ranks:
         safefs.open_file(str(stack_file(run_dir, r.rank)), "w", root=str(run_dir)).close()  # only this dump, not an older one
@@ -129,7 +133,7 @@ def py_spy() -> Optional[str]:
     return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
-def dump_native(run_dir: Path, ranks: List[Worker]) -> Optional[str]:
+def dump_native(run_dir: Path, ranks: Sequence[Worker]) -> Optional[str]:
     """Native and Python stacks by py-spy into stacks/rank-<k>.native.txt; a line to say when it could not."""
     exe = py_spy()
     if exe is None:
@@ -153,12 +157,12 @@ def dump_native(run_dir: Path, ranks: List[Worker]) -> Optional[str]:
     return f"py-spy could not read ranks {failed} (see stacks/rank-<k>.native.txt)" if failed else None
 
 
-def dump_loader_workers(run_dir: Path, ranks: List[Worker]) -> List[Path]:
+def dump_loader_workers(run_dir: Path, ranks: Sequence[Worker]) -> List[Path]:
     """py-spy's Python stacks of these ranks' child processes (their data loader workers, where the stuck read
     is) into stacks/rank-<k>.loader-<pid>.txt; the files written."""
     import psutil
 
-    exe, written = py_spy(), []
+    exe, written = py_spy(), list[Path]()
     if exe is None:
         return written
     for r in ranks:

@@ -3,9 +3,10 @@ reaches the other nodes across machines; never on all interfaces.
 
 torch's TCPStore server listens on every interface whatever host it is given, and anyone who can
 reach its port reads and writes the job's keys (torch's dynamic rendezvous unpickles the state it
-reads there, which launcher.agent.signed_rdzv therefore signs). A socket bound here first and handed over with ``master_listen_fd`` keeps the server
-on the address asked for. The servers are multi-tenant: torch's rendezvous code asking this process
-for a server on the same port gets this one instead of starting its own.
+reads there, which launcher.agent.signed_rdzv therefore signs). A socket bound here first and handed
+over with ``master_listen_fd`` keeps the server on the address asked for. The servers are
+multi-tenant: torch's rendezvous code asking this process for a server on the same port gets this
+one instead of starting its own.
 """
 
 from __future__ import annotations

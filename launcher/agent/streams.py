@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Dict, List, Optional, Sequence, Tuple
 
 from launcher.runtime import safefs
 
@@ -38,7 +38,7 @@ class _ArrivalTimes:
     """rank-<k>.log.times: the log's offset, the wall time and the stream whenever bytes arrive after a pause
     or from the other stream."""
 
-    file: Optional[BinaryIO]
+    file: Optional[IO[bytes]]
     last: float = 0.0
     kind: str = ""
 
@@ -57,7 +57,7 @@ class _ArrivalTimes:
 class _Source:
     rank: int
     kind: str  # out | err | status
-    log: Optional[BinaryIO]
+    log: Optional[IO[bytes]]
     pending: bytes = b""
     shown: bool = True  # on the console too (launcher.redirects / launcher.local_ranks_filter: the log file only)
 
@@ -76,6 +76,7 @@ def console_streams(redirects: str, ranks_filter: Sequence[int], local_rank: int
 class RankStatus:
     done_code: Optional[int] = None  # the exit code the script ended with, once it returned
     done_at: Optional[float] = None  # time.monotonic() of that
+    done_wall: Optional[float] = None  # time.time() of that, as the worker read it
     lines: List[bytes] = field(default_factory=list)
 
 
@@ -86,7 +87,7 @@ class OutputRouter(threading.Thread):
         super().__init__(name="launcher-output", daemon=True)
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
-        self._logs: List[BinaryIO] = []
+        self._logs: List[IO[bytes]] = []
         self._halt = threading.Event()
         self._console = console
         self.status: Dict[int, RankStatus] = {}
@@ -150,10 +151,12 @@ class OutputRouter(threading.Thread):
         source.pending += chunk
         *lines, source.pending = source.pending.split(b"\n")
         for line in lines:
-            word, _, value = line.decode(errors="replace").partition(" ")
+            word, _, rest = line.decode(errors="replace").partition(" ")
+            value, _, wall = rest.partition(" ")
             if word == "done" and value.lstrip("-").isdigit():
                 status = self.status[source.rank]
                 status.done_code, status.done_at = int(value), time.monotonic()
+                status.done_wall = _seconds(wall)
 
     def _show(self, source: _Source, chunk: bytes) -> None:
         data = source.pending + chunk
@@ -275,3 +278,12 @@ def split_segments(data: bytes) -> Tuple[List[bytes], bytes]:
     found = [m.group(0) for m in _SEGMENT.finditer(data) if m.group(0)]
     used = sum(len(p) for p in found)
     return [p for p in found if p != b"\r"], data[used:]  # a bare \r (tqdm starts updates so) shows nothing
+
+
+def _seconds(text: str) -> Optional[float]:
+    """A worker's time.time() as it wrote it; None for anything else (a worker's pipe is its own to write)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 1e11 else None

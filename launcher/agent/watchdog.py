@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set,
 from launcher.agent import flight
 from launcher.agent.progress import SLOWEST_FACTOR, Progress, RankBeat, stuck_ranks
 from launcher.agent.rundir_guard import run_dir_guarded
+from launcher.agent.spec import AgentSpec
 from launcher.agent.stacks import (DUMP_WAIT_S, NATIVE_WAIT_S, dump_loader_workers, dump_native, dump_stacks,
                                    in_collective, in_data_loader, in_setup, innermost_frame, trigger_nccl_dumps,
                                    where)
@@ -281,11 +282,10 @@ def _kill_tree(pid: int) -> None:
             p.kill()
 
 
-def what_is_watched(config: Dict[str, Any]) -> str:
+def what_is_watched(spec: AgentSpec) -> str:
     """The one console line that says what the watchdog judges, for this job."""
-    dog = config.get("watchdog", {})
-    timeout, start = float(dog.get("timeout_s", 0)), float(dog.get("start_timeout_s", 0))
-    if config.get("script", {}).get("path") is None:
+    timeout, start = spec.watchdog_timeout_s, spec.watchdog_start_timeout_s
+    if spec.kind == "trainer":
         progress = "training steps"
     else:
         progress = "optimizer steps (any torch.optim optimizer) and heartbeat() calls; ranks that never make one are not judged"
@@ -305,13 +305,12 @@ def node_watchdog(run_dir: str, timeout_s: float, start_timeout_s: float = 0.0,
         yield dog
 
 
-def run_watched(run_dir: str, config: Dict[str, Any], launch: Callable[[], T], announce: bool = True,
+def run_watched(run_dir: str, spec: AgentSpec, launch: Callable[[], T], announce: bool = True,
                 peers: Optional[Peers] = None) -> T:
-    """launch() (this node's agent) under the watchdog configured by config["watchdog"]; peers: the other
-    nodes of a multi-node job."""
-    dog = config.get("watchdog", {})
-    timeout_s = float(dog.get("timeout_s", 0))
+    """launch() (this node's agent) under the watchdog spec sets (watchdog.*); peers: the other nodes of a
+    multi-node job."""
+    timeout_s = spec.watchdog_timeout_s
     if announce and timeout_s > 0:
-        log.info(what_is_watched(config))
-    with run_dir_guarded(run_dir), node_watchdog(run_dir, timeout_s, float(dog.get("start_timeout_s", 0)), peers):
+        log.info(what_is_watched(spec))
+    with run_dir_guarded(run_dir), node_watchdog(run_dir, timeout_s, spec.watchdog_start_timeout_s, peers):
         return launch()

@@ -4,7 +4,7 @@ Why a separate process instead of forking the agent itself: the agent has thread
 keep-alive, the store's event loop, the watchdog, the output reader) and has imported the
 launcher, omegaconf and ``torch._dynamo``. A fork from it inherited all of that: scripts found
 the project's packages shadowing their own, ``multiprocessing.set_start_method`` failed, and
-workers hung at exit in a process-group destructor 8 times in 20 (FACTS.md). The zygote
+workers hung at exit in a process-group destructor 8 times in 20 (docs/performance.md). The zygote
 (launcher.worker.bootstrap) is a fresh interpreter that imports torch (and, for the built-in trainer,
 its modules) and nothing else, started at the launcher's first moment so that its imports overlap
 the agent's own start and the rendezvous.
@@ -35,6 +35,7 @@ class Zygote:
     """The running zygote of this process (one per node agent)."""
 
     _current: Optional["Zygote"] = None
+    proc: subprocess.Popen[bytes] | ForkedChild  # one it started, or the one forked at the launcher's start (adopt)
 
     def __init__(self, kind: str, env: Dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -51,6 +52,7 @@ class Zygote:
         self.sock = ours
         self.ready = False
         self.exits: Dict[int, int] = {}  # pid -> exit code (negative: killed by that signal)
+        self.exited_at: Dict[int, float] = {}  # pid -> when the zygote reaped it (time.time(), within 50 ms)
         self._next_id = 0
 
     @classmethod
@@ -70,7 +72,7 @@ class Zygote:
         each worker gets its own."""
         zygote = cls.__new__(cls)
         zygote.kind, zygote.proc, zygote.sock = kind, ForkedChild(pid), socket.socket(fileno=fd)
-        zygote.ready, zygote.exits, zygote._next_id = False, {}, 0
+        zygote.ready, zygote.exits, zygote.exited_at, zygote._next_id = False, {}, {}, 0
         return zygote
 
     @classmethod
@@ -129,6 +131,8 @@ class Zygote:
             self.ready = True
         elif event == "exited":
             self.exits[int(message["pid"])] = int(message["code"])
+            if isinstance(message.get("at"), (int, float)):
+                self.exited_at[int(message["pid"])] = float(message["at"])
         return message
 
     def stop(self) -> None:

@@ -27,6 +27,7 @@ from launcher.runtime import safefs
 LAUNCHER_OUTPUT = "launcher.out"  # the child launcher's console, in the job's staging folder
 POLL_S = 0.5
 STOP_WAIT_S = 60.0
+REFUSED = 2  # the launcher's exit code for bad input: refused before anything was made
 
 
 class Job:
@@ -73,7 +74,7 @@ class Job:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.job_id} is still {self.status()} after {timeout} s; it goes on "
                                    f"(job.cancel() stops it)")
-            time.sleep(POLL_S)
+            self._pause()
         if echo:
             self._echo()
         return self.status()
@@ -127,6 +128,10 @@ class Job:
         return recorded if isinstance(recorded, int) and recorded > 0 else self.world_size
 
     def _recorded(self) -> bool:
+        """Whether the run has a record that this job's launcher made (one refused with exit 2, bad input, made none:
+        a record there is another run's, which this job never reads or cancels)."""
+        if self._process is not None and self._process.poll() == REFUSED:
+            return False
         return (self.run_dir / "job.json").is_file() or (self.run_dir / "plan.json").is_file()
 
     def _starting(self) -> bool:
@@ -139,6 +144,8 @@ class Job:
         return self._backend().describe(self.run_dir) if self._recorded() else None
 
     def _summary(self) -> Dict[str, Any]:
+        if not self._recorded():
+            return {}
         try:
             data = json.loads(safefs.read_bytes(str(self.run_dir / "summary.json"), root=str(self.run_dir)))
         except (OSError, ValueError):
@@ -156,7 +163,8 @@ class Job:
         summary = self._summary()
         cause = summary.get("root_cause")
         rank = cause.get("rank") if isinstance(cause, dict) and isinstance(cause.get("rank"), int) else None
-        errors = {r: tb for r in range(self.world_size_recorded()) if (tb := self._error(r)) is not None}
+        ranks = range(self.world_size_recorded()) if self._recorded() else range(0)
+        errors = {r: tb for r in ranks if (tb := self._error(r)) is not None}
         if rank is None and errors:
             rank = min(errors)
         traceback = errors.get(rank, "") if rank is not None else ""
@@ -170,6 +178,17 @@ class Job:
         if traceback:
             message += f"\n\nrank {rank}'s traceback:\n{traceback.rstrip()}"
         return LaunchFailed(message, rank=rank, traceback=traceback, state=state, run_dir=str(self.run_dir))
+
+    def _pause(self) -> None:
+        """POLL_S, or less: a local job ends with its launcher, and the wait ends with it, not up to POLL_S after."""
+        if self._starting():
+            assert self._process is not None
+            try:
+                self._process.wait(POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            time.sleep(POLL_S)
 
     def _output_tail(self) -> str:
         """The launcher's last line, for a job that failed before writing a summary (a refused submission)."""

@@ -13,16 +13,17 @@ import difflib
 import json
 from typing import Any, Dict, List, Optional
 
-from launcher.config.schema import Config, ScriptConfig, load_config
+from launcher.config.schema import Config, ScriptConfig, config_class, load_config
 from launcher.errors import ConfigError, SettingError
 
 RESERVED = ("script",)  # the function is the script: its section is the API's own
 
 
-def setting_names(section: Any = Config, prefix: str = "") -> Dict[str, str]:
-    """Every settable key: its underscore name -> its dotted config key (sections of sections walked)."""
+def setting_names(section: Any = None, prefix: str = "") -> Dict[str, str]:
+    """Every settable key: its underscore name -> its dotted config key (sections of sections walked; by default the
+    whole config's, the engines' sections included)."""
     names: Dict[str, str] = {}
-    for field in dataclasses.fields(section):
+    for field in dataclasses.fields(section or config_class()):
         key = f"{prefix}{field.name}"
         if not prefix and field.name in RESERVED:
             continue

@@ -15,15 +15,17 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, List
 
+from launcher.api import calls, standby
 from launcher.api.job import LAUNCHER_OUTPUT, Job
 from launcher.api.payload import write_payload
+from launcher.api.pickling import dumps_call
 from launcher.api.settings import overrides_for, resolve
 from launcher.backends import registry
-from launcher.backends.children import launcher_module_command
+from launcher.backends.children import launcher_module_command, workers_kind
 from launcher.config.paths import URL_SCHEME
 from launcher.config.schema import ScriptConfig
 from launcher.errors import SettingError
@@ -45,6 +47,9 @@ def launch(fn: Callable[..., Any], *args: Any, **settings: Any) -> List[Any]:
     except KeyboardInterrupt:
         job.cancel()
         raise
+    finally:
+        if job.kind == "local":
+            standby.prepare()  # the next launch's launcher, warm (interactive Python only), now that this one's CPUs are free
     return job.result()
 
 
@@ -52,30 +57,48 @@ def submit(fn: Callable[..., Any], *args: Any, **settings: Any) -> Job:
     """Start fn(*args) on every rank (here, or submitted with cluster="slurm"/"ray") and return its Job at once."""
     if not callable(fn):
         raise TypeError(f"launcher.submit takes a function to run on every rank, not {type(fn).__name__}")
-    import cloudpickle
-
+    started = time.time()  # the run's start, for its start-up figures (a standby was started before the call)
     overrides = overrides_for(settings)
     cfg = resolve(overrides, ScriptConfig(path=WORKER, module=True, args=["CALL_FILE"]))
-    call = cloudpickle.dumps((fn, args))  # before anything is made: an unpicklable function fails here
+    call, sources = dumps_call(fn, args)  # before anything is made: an unpicklable function fails here
     run_id = cfg.run_id or new_run_id()
     if URL_SCHEME.match(str(cfg.output_dir)):  # the call's payload and result files need a folder (launcher.api.payload)
         raise SettingError(f"output_dir={cfg.output_dir}: launcher.launch and launcher.submit keep a run in a local "
                           f"folder: give one, and checkpoint_dir=\"{str(cfg.output_dir).rstrip('/')}/...\" for the checkpoints")
     output_dir = Path(cfg.output_dir).resolve()
     run_dir = output_dir / run_id
+    if os.path.lexists(run_dir):  # the child launcher would refuse it, and the Job would be the other run's
+        raise SettingError(existing_run(run_id, run_dir))
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".call-{run_id}-", dir=output_dir))  # 0700, ours; `ls` skips dot folders
+    calls.remove_abandoned(output_dir)  # those of callers killed before they could remove theirs
+    staging = calls.make_folder(output_dir, run_id)
     key = secrets.token_bytes(32)
     try:
         call_file = write_payload(staging, {"key": key, "run_id": run_id, "run_dir": str(run_dir),
-                                            "sys_path": list(sys.path), "call": call})
-        argv = launcher_module_command("launcher", *overrides, f"run_id={run_id}", f"output_dir={output_dir}",
-                                       "-m", WORKER, str(call_file))
-        with open(staging / LAUNCHER_OUTPUT, "wb") as out:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                       cwd=os.getcwd(), start_new_session=True)
+                                            "sys_path": list(sys.path), "call": call, "sources": sources})
+        kind = registry.for_config(cfg).name
+        command = [*overrides, f"run_id={run_id}", f"output_dir={output_dir}", "-m", WORKER, str(call_file)]
+        process = start_launcher(command, staging / LAUNCHER_OUTPUT, started, kind == "local" and workers_kind(cfg) == "script")
+        calls.record_owners(staging, process.pid)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    kind = registry.for_config(cfg).name
     return Job(run_dir, kind, key, cfg.nodes * cfg.gpus, staging, process)
+
+
+def start_launcher(args: List[str], console: Path, started: float, warm: bool) -> subprocess.Popen:
+    """`python -m launcher ARGS` in a session of its own, its console to the file `console`. warm: a job here whose
+    workers fork from a zygote, which the standby launcher (launcher.api.standby) runs where there is one."""
+    with open(console, "wb") as out:
+        spare = standby.take() if warm else None
+        process = spare.start(args, str(console), started) if spare is not None else None
+        if process is None:
+            process = subprocess.Popen(launcher_module_command("launcher", *args), stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+    return process
+
+
+def existing_run(run_id: str, run_dir: Path) -> str:
+    """The refusal of run_id= naming a run that exists (running or ended): submit starts new runs only."""
+    return (f"run_id={run_id} already names a run ({run_dir}): launcher.launch and launcher.submit start a new run; "
+            f"leave run_id out (a new id is made) or give another; `python -m launcher status {run_dir}` shows that one")

@@ -15,6 +15,7 @@ import traceback
 from typing import Any, Dict, List
 
 from launcher.api.payload import read_payload, write_outcome
+from launcher.api.pickling import register_sources
 
 
 def extend_path(caller_path: List[str]) -> None:
@@ -39,6 +40,7 @@ def main(argv: List[str]) -> None:
     import cloudpickle
 
     fn, args = cloudpickle.loads(loaded["call"])  # unpickled after the path is extended: by-name references resolve
+    register_sources(loaded.get("sources") or {})  # a traceback shows the caller's lines (launcher.api.pickling)
     try:
         value = fn(*args)
     except BaseException as error:  # noqa: BLE001  (recorded, then raised as it was)

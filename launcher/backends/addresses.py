@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.errors import ConfigError
+from launcher.runtime import torch_private
 
 log = logging.getLogger("launcher")
 
@@ -114,7 +115,7 @@ def check_before_start(mode: str, endpoint: str, node_rank: Optional[int], secre
     resolve_or_fail(host.strip("[]"), "--master-addr" if mode == "static" else "--rdzv-endpoint")
     if mode == "static" and (node_rank or 0) == 0:
         require_free_port(int(port))
-    read_rdzv_secret(secret_file, os.environ)
+    read_rdzv_secret(secret_file, os.environ, warn=True)
 
 
 def require_free_port(port: int) -> None:
@@ -128,9 +129,7 @@ def is_local(host: str) -> bool:
     """Whether host is this machine. torch's test compares it with the host name's addresses only, and misses
     an address on another interface (a second NIC, or a network namespace whose host name resolves to loopback):
     such a node never hosted the c10d rendezvous and waited for itself; an address we can bind to is ours."""
-    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-
-    return bool(_matches_machine_hostname(host)) or _can_bind(host)
+    return torch_private.names_this_machine(host) or _can_bind(host)
 
 
 def _can_bind(host: str) -> bool:

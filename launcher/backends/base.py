@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
 from launcher.errors import ConfigError
+from launcher.runtime import safefs
 
 if TYPE_CHECKING:  # only the types: this module loads nothing of the launcher's
-    from launcher.config.schema import Config
+    from launcher.backends.allocation import ClusterEnvironment
+    from launcher.config.sections import Config
     from launcher.plan import LaunchPlan
 
 KIND_FIELD = "kind"  # in job.json and plan.json: the registry name of the backend that created the run
@@ -49,11 +52,24 @@ class Description:
 
 
 class Backend(ABC):
-    """One engine. Subclasses set `name` (the kind recorded in a run directory and shown by `ls`) and `label`."""
+    """One engine. Subclasses set `name` (the kind recorded in a run directory and shown by `ls`) and `label`, and
+    declare what generic code asks of every engine (launcher.backends.registry): the `--cluster` name that chooses
+    it, its own config section, the allocation it runs inside, the folders its scheduler writes in a run."""
 
     name: str = ""
     label: str = ""  # how messages name one of its jobs: "local run", "SLURM job", "Ray job"
     submits: bool = False  # its job outlives the command that started it (so --wait, status and cancel matter)
+    cluster: str = ""  # the --cluster (config `cluster`) name that chooses it; "": chosen otherwise (the launch mode)
+    cluster_help: str = ""  # --cluster's help for it: what it does, and its config keys
+    options: Optional[type] = None  # its config section, a dataclass under the key `name` (docs/backends.md)
+    folders: Tuple[str, ...] = ()  # folders its scheduler writes in a run directory itself (their links are its own)
+
+    def check_options(self, cfg: "Config") -> None:  # noqa: B027 (a hook: a backend with nothing to check keeps it empty)
+        """Check the values of its config section the type system cannot (a ConfigError names the key and the fix)."""
+
+    def allocation(self) -> Optional[Type["ClusterEnvironment"]]:
+        """The allocation its jobs' processes run inside (its ClusterEnvironment class, imported now), or None."""
+        return None
 
     @abstractmethod
     def takes(self, cfg: "Config") -> bool:
@@ -143,7 +159,8 @@ def run_kind(job: Dict[str, Any], plan: Dict[str, Any]) -> Tuple[str, bool]:
 def read_record(path: Path) -> Dict[str, Any]:
     """A run's JSON record, or {} where it is absent or unreadable (a half-written file is replaced atomically)."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        with os.fdopen(safefs.open_regular(str(path)), "rb") as f:  # a FIFO planted there: no record, not a wait
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

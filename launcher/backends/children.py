@@ -9,9 +9,12 @@ worker inherits its agent's environment, so a folder added there would end up on
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from launcher.prestart import BOOTSTRAP, KINDS, RUN_MODULE
+
+if TYPE_CHECKING:  # only the type: a SLURM task's or Ray actor's process loads no config code
+    from launcher.config.sections import Config
 
 
 def launcher_module_command(module: str, *args: str) -> List[str]:
@@ -28,9 +31,9 @@ def zygote_module_command(module: str, kind: Optional[str], *args: str) -> List[
     return [sys.executable, "-u", BOOTSTRAP, str(kind), "node", module, *args]
 
 
-def workers_kind(config: Dict[str, Any]) -> Optional[str]:
-    """The kind of workers (zygote_module_command's `kind`) of a node running this config (launcher.config.schema's
-    to_dict): "trainer" for the built-in trainer, "script" for a script, None with start method spawn."""
-    if (config.get("launcher") or {}).get("start_method") == "spawn":
+def workers_kind(cfg: "Config") -> Optional[str]:
+    """The kind of workers (zygote_module_command's `kind`) of a node running cfg: "trainer" for the built-in
+    trainer, "script" for a script, None with start method spawn."""
+    if cfg.launcher.start_method == "spawn":
         return None
-    return "trainer" if (config.get("script") or {}).get("path") is None else "script"
+    return "trainer" if cfg.script.path is None else "script"

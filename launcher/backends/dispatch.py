@@ -1,7 +1,8 @@
 """Launch a resolved config from this process: plan it, create and lock its run directory, hand it to its engine.
 
 The engines that run here (launcher.backends.here: local, simulated, multinode) are looked up in
-launcher.backends.registry by the plan's launch mode, and called through their typed hooks
+launcher.backends.registry by the plan's launch mode (or an engine that took the config passes itself),
+and called through their typed hooks
 (pick_port, check_before_start, meet, run). The plan records the engine's kind (plan.json `kind`), so
 `ls`, `status` and `logs` read which engine made a run instead of guessing. SLURM and Ray submit a job
 whose tasks come back here, each a multinode launch.
@@ -11,35 +12,58 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
+import pickle
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 from launcher import interrupts, prestart
 from launcher.agent.zygote import Zygote
-from launcher.backends import registry
+from launcher.backends import children, registry
 from launcher.backends.base import KIND_BY_MODE, RunsHere
+from launcher.config.elastic import is_elastic, min_nodes
 from launcher.config.rendezvous import launch_mode, shared_run_id
 from launcher.config.schema import Config, to_yaml
 from launcher.config.secrets import redact
 from launcher.errors import ConfigError
 from launcher.objectstore import runrecord
-from launcher.plan import LaunchPlan, build_plan, detect_hardware, new_run_id, no_gpu_here
+from launcher.objectstore.staging import Staging, staging_top
+from launcher.plan import FLIGHT_RECORDER_ENV, LaunchPlan, build_plan, detect_hardware, job_workers, new_run_id, no_gpu_here
 from launcher.rundir import check_can_create, create_run_dir, finish, summary_base
-from launcher.runlock import check_not_a_finished_run, claim
+from launcher.runlock import check_can_take, check_not_a_finished_run, claim
 from launcher.runtime import safefs
-from launcher.trainers.checkpoint.files import TMP_PREFIX
-from launcher.trainers.checkpoint.objects import is_url, preflight
+from launcher.runtime.checkpoints import TMP_PREFIX
+from launcher.runtime.objects import is_url, preflight
+from launcher.runtime.schema import Status
 from launcher.warmstart import collector_paused
 
 
-def launch(cfg: Config, dry_run: bool, started: float,
-           continuing: Optional[Callable[[Path], None]] = None) -> int:
-    """Plan a resolved config, create and lock its run directory and hand it to its backend.
+@dataclass
+class Handover:
+    """A launch on its way through launcher.prestart's exec: what it had made, for the exec'd process to go on with
+    (pickled into the file prestart hands over: this process's own classes, read by the same code)."""
+
+    cfg: Config
+    engine: str  # the backend's registry name
+    kind: str  # its workers' kind: the zygote forked after the exec imports for it
+    started: float
+    staging: Staging
+    plan: Optional[LaunchPlan]  # built and checked before the exec; None where only torch can count the GPUs
+
+
+def launch(cfg: Config, started: float, continuing: Optional[Callable[[Path], None]] = None,
+           backend: Optional[RunsHere] = None) -> int:
+    """Plan a resolved config, create and lock its run directory and hand it to its backend (by default the engine
+    of its launch mode; an engine that took the config itself passes itself).
 
     continuing: given only where a launch continues an existing run (`resume`, a SLURM task); it is
     called with the run directory once this launcher holds it, before the backend writes anything.
     Any other launch into a directory that holds a run is refused (launcher.runlock).
+
+    A launch whose workers fork here from `python -m launcher` (or the `launcher` command) execs this process once,
+    after what it can refuse without torch (on a machine without a GPU, the whole plan): launcher.prestart's one
+    torch import for the launcher and the zygote; the exec'd process goes on with the Handover (go_on).
 
     Ctrl-C, SIGTERM and SIGHUP (launcher.interrupts): before the run directory is made, they end the
     launch at once with nothing on disk; from then on, with summary status "interrupted" (the backend
@@ -47,42 +71,68 @@ def launch(cfg: Config, dry_run: bool, started: float,
     once its run directory is whole (config.yaml, plan.json).
     """
     interrupts.hold()
-    if not dry_run:
-        runrecord.check_store(cfg)  # first: a wrong endpoint or bucket costs no zygote, no torch import
-        check_checkpoint_store(cfg)
-        refuse_planted_links(cfg)  # a named run's planted link costs no zygote, no torch import either
-    mode = launch_mode(cfg)
-    if not dry_run and cfg.launcher.start_method != "spawn" and mode != "simulated":
-        Zygote.start("trainer" if cfg.script.path is None else "script")  # its imports overlap ours below
-    else:
-        prestart.drop()  # one forked at our start (launcher.prestart) that this launch has no use for
-    staging = runrecord.Staging(cfg.output_dir, make=not dry_run)  # output_dir=s3://...: a private local folder
+    runrecord.check_store(cfg)  # first: a wrong endpoint or bucket costs no zygote, no torch import
+    check_checkpoint_store(cfg)
+    refuse_planted_links(cfg)  # a named run's planted link costs no zygote, no torch import either
+    backend = backend or backend_for(launch_mode(cfg))
+    kind = workers_kind(cfg)
+    staging = Staging(cfg.output_dir, make=True)  # output_dir=s3://...: a private local folder
     try:
-        return _launch(cfg, mode, dry_run, started, continuing, staging)
+        plan = None
+        if kind is not None and continuing is None and prestart.can_exec():
+            if no_gpu_here():  # the plan needs no torch here: refused, if it is, before torch loads
+                cfg, plan = checked_plan(cfg, backend, staging.path)
+                check_can_take(plan)  # a run id in use or taken: one line, before the first line and torch
+            announce(cfg, plan)
+            prestart.exec_launch(kind, pickle.dumps(Handover(cfg, backend.name, kind, started, staging, plan)))
+            return _launch(cfg, backend, kind, started, continuing, staging, plan, announced=True)  # the exec failed
+        return _launch(cfg, backend, kind, started, continuing, staging, plan)  # here: no exec
     finally:
         staging.remove()  # unless kept: a launch that ended early leaves nothing behind either
 
 
-def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: Optional[Callable[[Path], None]],
-            staging: runrecord.Staging) -> int:
+def go_on(handover: bytes) -> int:
+    """In the process launch() exec'd (launcher.prestart): the launch goes on where it was."""
+    interrupts.hold()
+    state = pickle.loads(handover)  # noqa: S301  (written by launch() in this same process, before its exec)
+    assert isinstance(state, Handover), type(state)
+    backend = registry.get(state.engine)
+    assert isinstance(backend, RunsHere), backend
+    try:  # its first line came before the exec (announce): not again
+        return _launch(state.cfg, backend, state.kind, state.started, None, state.staging, state.plan, announced=True)
+    finally:
+        state.staging.remove()
+
+
+def workers_kind(cfg: Config) -> Optional[str]:
+    """The kind of workers this launch forks from a zygote here ("trainer" or "script"); None for start method
+    spawn and for a simulated job's coordinator (its nodes are processes of their own)."""
+    return None if launch_mode(cfg) == "simulated" else children.workers_kind(cfg)
+
+
+def _launch(cfg: Config, backend: RunsHere, kind: Optional[str], started: float,
+            continuing: Optional[Callable[[Path], None]], staging: Staging, plan: Optional[LaunchPlan],
+            announced: bool = False) -> int:
     top = staging.path
-    backend, plan = plan_launch(cfg, mode, top)
-    cfg = runrecord.with_store_checkpoints(cfg, plan.run_id)
-    if dry_run:
-        print(plan_text(cfg, plan), end="")
-        return 0
-    refuse_planted_links_in(plan.run_dir)  # again: run ids known only now, links planted since
-    backend.check_before_start(plan)
-    check_can_create(top or cfg.output_dir)
+    if kind is not None:
+        Zygote.start(kind)  # the one forked at the exec, or a fresh one whose imports overlap the plan's below
+    else:
+        prestart.drop()  # one forked at our start (a child launcher's) that this launch has no use for
+    if plan is None:
+        cfg, plan = checked_plan(cfg, backend, top)
+    if not announced:
+        if continuing is None:
+            check_can_take(plan)
+        announce(cfg, plan)
     with collector_paused():  # torch's import: see launcher.warmstart
         backend.runner_module()  # only now: bad input above is refused before the agent loads (and torch, unless prestart)
     session = backend.meet(plan)  # the nodes of a multi-node job: they agree before any touches the run directory
     if continuing is None:
         check_not_a_finished_run(plan)
     with interrupts.deferred():  # made whole and ours, then the signal: the backend releases it once it can record it
-        made = create_run_dir(top, plan.run_id)
+        made = create_run_dir(top, plan.run_id, cfg.launcher.allow_other_owner)
         lock = claim(plan)
-    upload = runrecord.uploader(cfg, made, getattr(session, "is_head", True))
+    upload = runrecord.uploader(cfg, made, getattr(session, "is_head", True), started)
     try:
         if continuing is not None:
             continuing(made)
@@ -90,7 +140,7 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
             upload.start()
         return backend.run(cfg, plan, started, session)
     except KeyboardInterrupt:  # before the backend could record it (it records its own and returns)
-        finish(made, summary_base(cfg, plan), None, "interrupted", started)
+        finish(made, summary_base(cfg, plan), None, Status.INTERRUPTED, started)
         raise
     finally:
         lock.release()
@@ -100,19 +150,32 @@ def _launch(cfg: Config, mode: str, dry_run: bool, started: float, continuing: O
             staging.keep(f"this node's run directory is kept in {made}: not all of its files reached the head")
 
 
-def refuse_before_torch(cfg: Config) -> None:
-    """launch()'s refusals that need neither torch nor the network, for launcher.cli.zygote_kind to ask before
-    launcher.prestart's exec (which loads torch first): a launch refused here is not exec'd, and launch() refuses it
-    in this process, as before, in its own order and words, without torch (an unwritable output_dir, too many
-    CPU workers, an empty rendezvous secret file: 0.3 CPU-s instead of ~3). Writes nothing, contacts nothing."""
-    refuse_planted_links(cfg)
-    if not no_gpu_here():
-        return  # the plan asks torch how many GPUs there are: launch() checks it after the exec
-    top = runrecord.staging_top(cfg.output_dir, make=False) if is_url(cfg.output_dir) else None
-    backend, plan = plan_launch(cfg, launch_mode(cfg), top)
+def announce(cfg: Config, plan: Optional[LaunchPlan]) -> None:
+    """The launch's first line, once its input is checked and before torch loads (seconds on a busy machine): what
+    starts. plan None: where only torch can count the GPUs, the job's shape as the config gives it."""
+    if plan is not None:
+        nodes, lowest, per_node = plan.nodes, plan.min_nodes or plan.nodes, plan.workers_per_node
+        what = "CPU worker" if plan.device_type == "cpu" else "worker"
+    else:
+        nodes, lowest, per_node, what = cfg.nodes, min_nodes(cfg), cfg.gpus, "worker"
+    # "1 to 4 nodes, 2 CPU workers each", not "4 nodes x 2", which reads as 8 workers running
+    shape = (f"an elastic job of {lowest} to {nodes} nodes, {per_node} {what}{'s' if per_node > 1 else ''} each"
+             if (plan.elastic if plan is not None else is_elastic(cfg)) else job_workers(nodes, per_node, what))
+    backend = f" with {plan.backend}" if plan is not None else ""
+    # a simulated job's coordinator imports none (its nodes do)
+    loading = "" if "torch" in sys.modules or launch_mode(cfg) == "simulated" else "; importing torch"
+    print(f"[launcher] starting {shape}{backend}{loading}", file=sys.stderr, flush=True)
+
+
+def checked_plan(cfg: Config, backend: RunsHere, top: str) -> Tuple[Config, LaunchPlan]:
+    """The plan, built once per launch, and what can be refused for it before anything starts (nothing written,
+    nothing contacted: launch() asks it before its exec where the plan needs no torch)."""
+    plan = plan_launch(cfg, backend, top)
+    cfg = runrecord.with_store_checkpoints(cfg, plan.run_id)
+    refuse_planted_links_in(plan.run_dir)  # again: run ids known only now, links planted since
     backend.check_before_start(plan)
-    if top is None:
-        check_can_create(cfg.output_dir)
+    check_can_create(top, plan.run_id, cfg.launcher.allow_other_owner)
+    return cfg, plan
 
 
 def refuse_planted_links(cfg: Config) -> None:
@@ -122,9 +185,13 @@ def refuse_planted_links(cfg: Config) -> None:
         refuse_planted_links_in(str(Path(cfg.output_dir).resolve() / cfg.run_id))
 
 
+NCCL_PIPES = FLIGHT_RECORDER_ENV["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].replace("STACKS", "stacks")  # relative to a run dir
+
+
 def refuse_planted_links_in(run_dir: str) -> None:
-    if os.path.lexists(run_dir):  # links planted by anyone who can write output_dir: refused (docs/security.md)
-        safefs.refuse_planted(run_dir, clears=(TMP_PREFIX,), others=("wandb", "slurm"))  # their own links
+    if os.path.lexists(run_dir):  # links and FIFOs planted by anyone who can write output_dir: refused (docs/security.md)
+        safefs.refuse_planted(run_dir, clears=(TMP_PREFIX,), others=("wandb", *registry.own_folders()),  # their own links
+                              fifos=(NCCL_PIPES,))  # NCCL's debug pipes: torch's own FIFOs
 
 
 def check_checkpoint_store(cfg: Config) -> None:
@@ -137,25 +204,23 @@ def check_checkpoint_store(cfg: Config) -> None:
             raise ConfigError(f"checkpoint.dir={url}: {problem}")
 
 
-def plan_launch(cfg: Config, mode: str, top: Optional[str] = None) -> Tuple[RunsHere, LaunchPlan]:
-    """The engine for the launch mode and the plan, which records that engine's kind; its run directory is
-    under top (output_dir, or a URL output_dir's local staging folder)."""
+def plan_launch(cfg: Config, backend: RunsHere, top: Optional[str] = None) -> LaunchPlan:
+    """The plan, which records its engine's kind; its run directory is under top (output_dir, or a URL output_dir's
+    local staging folder)."""
     with collector_paused():  # torch's import: see launcher.warmstart
-        backend = backend_for(mode)
         run_id = cfg.run_id or shared_run_id(cfg) or new_run_id()
-        run_dir = str(Path(top or runrecord.staging_top(cfg.output_dir, make=False)).resolve() / run_id)
+        run_dir = str(Path(top or staging_top(cfg.output_dir, make=False)).resolve() / run_id)
         plan = build_plan(cfg, detect_hardware(), run_id, run_dir, backend.pick_port())
-    return backend, replace(plan, kind=backend.name)
+    return replace(plan, kind=backend.name)
 
 
 def plan_text(cfg: Config, plan: LaunchPlan) -> str:
     return "# resolved config\n" + to_yaml(cfg) + "# launch plan\n" + json.dumps(redact(plan.to_dict()), indent=2) + "\n"
 
 
-def dry_run_text(cfg: Config) -> str:
+def dry_run_text(cfg: Config, backend: Optional[RunsHere] = None) -> str:
     """What `--dry-run` prints for a launch here: the resolved config and the launch plan; nothing starts."""
-    mode = launch_mode(cfg)
-    return plan_text(cfg, plan_launch(cfg, mode)[1])
+    return plan_text(cfg, plan_launch(cfg, backend or backend_for(launch_mode(cfg))))
 
 
 def backend_for(mode: str) -> RunsHere:

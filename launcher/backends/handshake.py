@@ -34,6 +34,7 @@ from launcher.backends.addresses import is_local, port_is_free, require_free_por
 from launcher.errors import ConfigError, RendezvousAuthError, RendezvousError
 from launcher.config.rendezvous import split_endpoint
 from launcher.runtime import env
+from launcher.runtime.schema import Status
 
 log = logging.getLogger("launcher")
 POLL_S = 0.1
@@ -252,10 +253,12 @@ class NodeHandshake:
             found = [self._record] if self._record else []
         return sorted(found, key=lambda r: r.get("group_rank", 0))
 
-    def publish_end(self, node: int, status: str, error: Optional[str]) -> None:
-        """How this node's part ended, for the head node's verdict (a hang on node 1 named on node 0). Never raises."""
+    def publish_end(self, node: int, status: Status, error: Optional[str], root_cause: Optional[Dict[str, Any]] = None) -> None:
+        """How this node's part ended, for the head node's verdict (a hang on node 1 named on node 0; the rank that
+        failed first, on whichever node). Never raises."""
         try:
-            self.store.set(f"end/{node}", self.signed(f"end/{node}", json.dumps({"status": status, "error": error})))
+            end = json.dumps({"status": status, "error": error, "root_cause": root_cause})
+            self.store.set(f"end/{node}", self.signed(f"end/{node}", end))
         except (RuntimeError, TimeoutError, AttributeError) as e:
             log.debug(f"publishing how this node ended failed: {e!r}")
 

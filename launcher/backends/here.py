@@ -13,15 +13,16 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from launcher.backends.base import Description, RunsHere
+from launcher.runtime.schema import Status
 
 if TYPE_CHECKING:
-    from launcher.config.schema import Config
+    from launcher.config.sections import Config
     from launcher.plan import LaunchPlan
 
-EXIT_CODES = {"completed": 0, "interrupted": 130, "running": 0}  # anything else: 1 (README, exit codes)
+EXIT_CODES: Dict[str, int] = {Status.COMPLETED: 0, Status.INTERRUPTED: 130, Status.RUNNING: 0}  # anything else: 1 (README, exit codes)
 CANCEL_WAIT_S = 60.0
 
 
@@ -38,12 +39,12 @@ class HereBackend(RunsHere):
     def dry_run(self, cfg: "Config") -> str:
         from launcher.backends.dispatch import dry_run_text
 
-        return dry_run_text(cfg)
+        return dry_run_text(cfg, self)
 
     def launch(self, cfg: "Config", started: float, wait: bool) -> int:
         from launcher.backends.dispatch import launch
 
-        return launch(cfg, False, started)
+        return launch(cfg, started, backend=self)
 
     def describe(self, run_dir: Path) -> Description:
         from launcher.runindex import run_row
@@ -53,12 +54,12 @@ class HereBackend(RunsHere):
         line = f"{self.label} {row['run_id']} {status.upper()}"
         if row.get("error"):
             line += f": {row['error']}"
-        elif status == "completed":
+        elif status == Status.COMPLETED:
             line += f": world size {row.get('world_size')}, restarts {row.get('restarts')}" + (
                 f", {row['step']} steps" if row.get("step") is not None else "")
-        elif status == "running":
+        elif status == Status.RUNNING:
             line += f" ({', '.join(row.get('holders') or [])})"
-        return Description(status.upper(), status != "running", EXIT_CODES.get(status, 1), line)
+        return Description(status.upper(), status != Status.RUNNING, EXIT_CODES.get(status, 1), line)
 
     def cancel(self, run_dir: Path) -> str:
         """SIGTERM to the launchers holding the run on this host (each records `interrupted`), then wait for them."""
@@ -86,6 +87,8 @@ class HereBackend(RunsHere):
 
 class LocalBackend(HereBackend):
     name, label, modes, runner = "local", "local run", ("single",), "launcher.backends.local"
+    # --cluster local: this machine, or the nodes the command line names (the simulated and multinode engines)
+    cluster, cluster_help = "local", "run here (default)"
 
 
 class SimulatedBackend(HereBackend):

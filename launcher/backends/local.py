@@ -10,24 +10,45 @@ import json
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from launcher import interrupts
+from launcher.agent.elastic import stop_restarts
 from launcher.agent.launch import first_result, run_node
-from launcher.agent.processes import result_file
+from launcher.agent.spec import AgentSpec
+from launcher.agent.processes import result_file, running_worker_pids
 from launcher.agent.rundir_guard import lost_run_dir
 from launcher.backends.addresses import choose_interface
-from launcher.config.schema import Config, to_dict
+from launcher.backends import registry
+from launcher.config.schema import Config
 from launcher.errors import HangError, LauncherError, RunDirLostError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import finish, one_line_summary, prepare_run_dir, summary_base
-from launcher.runtime import env, safefs
+from launcher.runtime import env, formatting, safefs
+from launcher.runtime.system import SystemSampler
+from launcher.runtime.schema import Status
 from launcher.steps.collector import Collector
-from launcher.trainers.checkpoint.files import checkpoint_dir, list_checkpoints
+from launcher.runtime.checkpoints import checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("launcher")
 LOOPBACK_PROBE_PORT = 9  # any port: finding the interface towards an address sends nothing
+
+
+class Preemption:
+    """A scheduler's warning that it takes the job back (SLURM's USR2), as the engine that got it noted it
+    (note_preemption): the workers checkpoint and stop on it, and the job then ends "preempted", not failed."""
+
+    at: Optional[float] = None  # wall time of the first warning
+    signum: int = 0
+
+
+def note_preemption(signum: int) -> None:
+    """From a signal handler: the first warning's time and signal (a repeat changes nothing)."""
+    if Preemption.at is None:
+        Preemption.at, Preemption.signum = time.time(), signum
+    stop_restarts()  # the ranks stop on it: a failed attempt now is no reason to start them again
 
 
 def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = None) -> int:
@@ -44,11 +65,21 @@ def run(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = 
 def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any] = None) -> int:
     """Run this machine's agent to the end and write summary.json (on a multi-node job: where session says)."""
     collector = start_collector(cfg, plan, started, session)
+    sampler = SystemSampler(plan.run_dir, node_index(plan, session), running_worker_pids).start()
     try:
         return run_to_summary(cfg, plan, started, session, finish_with(session, collector))
     finally:
+        sampler.stop()
         if collector is not None:
             collector.close(None)  # (closed already where a summary was written)
+
+
+def node_index(plan: LaunchPlan, session: Optional[Any]) -> int:
+    """This node's number among the job's nodes, for its system records: its node rank where it is known before the
+    rendezvous (one machine, simulated, static), else its process's (a c10d node learns its rank only later)."""
+    if plan.node_rank is not None:
+        return int(plan.node_rank)
+    return 0 if session is None else os.getpid()
 
 
 def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any], finish_as: Callable) -> int:
@@ -57,18 +88,23 @@ def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optio
     try:
         interrupts.release()  # the run directory is whole: a Ctrl-C held until now is recorded below
         try:
-            results, restarts = (session.run if session is not None else run_node)(plan, to_dict(cfg))
+            spec = AgentSpec.of(cfg, registry.step_signals())
+            results, restarts = (session.run if session is not None else run_node)(plan, spec)
         finally:
             interrupts.recording()  # the agent is done: a signal now waits for the summary (launcher.interrupts)
     except RunDirLostError:
         raise  # nothing can be written there: the error says what is left
     except LauncherError as e:
+        if isinstance(e, WorkerFailedError) and Preemption.at is not None:  # the ranks stopped on the warning
+            return preempted(run_dir, base, started, e.restarts, finish_as)
         if isinstance(e, WorkerFailedError) and e.root_cause:
             base["root_cause"] = e.root_cause  # what ls, logs and the board lead with
-        summary = finish_as(run_dir, base, None, "hung" if isinstance(e, HangError) else "failed", started,
+        summary = finish_as(run_dir, base, None, Status.HUNG if isinstance(e, HangError) else Status.FAILED, started,
                             error=str(e), restarts=e.restarts if isinstance(e, WorkerFailedError) else 0)
-        if summary.get("status") == "hung" and summary.get("error") not in (None, str(e)):
+        if summary.get("status") == Status.HUNG and summary.get("error") not in (None, str(e)):
             raise HangError(summary["error"]) from None  # the head's verdict joins the other nodes' hangs
+        if isinstance(e, WorkerFailedError) and summary.get("error") not in (None, str(e)):  # another node's rank
+            raise WorkerFailedError(summary["error"], restarts=e.restarts, root_cause=summary.get("root_cause")) from None
         raise
     except BaseException as e:  # KeyboardInterrupt, or torch's SignalException (the agent's handlers)
         signum = getattr(e, "sigval", signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
@@ -79,9 +115,20 @@ def run_to_summary(cfg: Config, plan: LaunchPlan, started: float, session: Optio
     killed = sorted(r["rank"] for r in results.values() if isinstance(r, dict) and r.get("hung_at_exit"))
     if killed:  # launcher.agent.processes: finished their script, then hung in the interpreter's exit
         base["ranks_killed_at_exit"] = killed
-    summary = finish_as(run_dir, base, first_result(results), "completed", started, restarts=restarts)
+    summary = finish_as(run_dir, base, first_result(results), Status.COMPLETED, started, restarts=restarts)
     log.info(after_the_last_step(interrupts.settled()) + one_line_summary(summary, run_dir))
     return 0
+
+
+def preempted(run_dir: Path, base: Dict[str, Any], started: float, restarts: int, finish_as: Callable) -> int:
+    """summary.json of a job its scheduler took back: "preempted", when, and by which signal; whether it is requeued
+    is the scheduler's to say (launcher.backends.slurm.task adds it). The exit code is the signal's, as a stop's."""
+    name = signal.Signals(Preemption.signum).name
+    finish_as(run_dir, {**base, "preempted_at": Preemption.at, "stopped_by": name,
+                        "exit_code": 128 + Preemption.signum}, None, Status.PREEMPTED, started, restarts=restarts)
+    log.info(f"preempted ({name} at {formatting.clock(Preemption.at)}): the workers checkpointed and stopped; "
+             f"run directory {run_dir}")
+    return 128 + Preemption.signum
 
 
 def after_the_last_step(signum: Optional[int]) -> str:
@@ -95,11 +142,11 @@ def stopped(cfg: Config, plan: LaunchPlan, started: float, session: Optional[Any
     run_dir = Path(plan.run_dir)
     rank0 = finished_rank0(cfg, plan, started, session)
     if rank0 is not None:  # nothing left to train: "interrupted" would send a resume that refuses, forever
-        summary = finish_as(run_dir, base, rank0, "completed", started)
+        summary = finish_as(run_dir, base, rank0, Status.COMPLETED, started)
         interrupts.settled()  # this one is named below; a later one changes nothing
         log.info(f"{how} after the last step; {one_line_summary(summary, run_dir)}")
         return 0
-    finish_as(run_dir, base, None, "interrupted", started)
+    finish_as(run_dir, {**base, "exit_code": 128 + int(signum)}, None, Status.INTERRUPTED, started)
     log.info(f"{how}; run directory {run_dir}{resume_hint(cfg, run_dir)}")
     return 128 + int(signum)
 
@@ -129,7 +176,7 @@ def start_collector(cfg: Config, plan: LaunchPlan, started: float, session: Opti
     else:
         def owner() -> bool:
             return 0 in session.logs.placement.get("ranks", [])
-    return Collector(cfg, plan.run_dir, plan.world_size, owner).start()
+    return Collector(cfg, plan.run_dir, plan.world_size, owner, plan.workers_per_node).start()
 
 
 def finish_with(session: Optional[Any], collector: Optional[Collector]) -> Callable[..., Dict[str, Any]]:

@@ -1,8 +1,8 @@
 """What a node ships of its run directory to the head's (launcher.backends.mirror), as batches of bytes.
 
 Only the files named in SHIPPED, each by a fixed pattern: a rank's log and its arrival times, its error
-file, its step records and stack dumps, and the node's record nodes/node-<k>.json (which holds its
-watchdog's verdict). Heartbeat files are not shipped: the head's watchdog judges the files in its own
+file, its step records, launcher.log series and stack dumps, the node's machine's figures and its record
+nodes/node-<k>.json (which holds its watchdog's verdict). Heartbeat files are not shipped: the head's watchdog judges the files in its own
 heartbeats/ folder by their age, and a copy's age says nothing about the rank.
 
 A batch is one JSON header line, then the bytes its entries name, in order. The receiver trusts no path in
@@ -27,6 +27,8 @@ SHIPPED: Tuple[Tuple[str, str, str], ...] = (
     ("logs", r"rank-\d+(\.attempt-\d+)?\.log\.times", "a"),
     ("logs", r"rank-\d+(\.attempt-\d+)?\.error\.json", "w"),
     ("steps", r"rank-\d+\.jsonl", "a"),
+    ("series", r"rank-\d+\.jsonl", "a"),  # every launcher.log call
+    ("nodes", r"system-\d+\.jsonl", "a"),  # the node's machine, for the job's W&B run (launcher.runtime.system)
     ("stacks", r"rank-\d+(\.native)?\.txt", "w"),
     ("nodes", r"node-\d+\.json", "w"),
 )

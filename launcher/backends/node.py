@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from launcher.agent.failures import first_cause
 from launcher.agent.launch import first_result, run_node
+from launcher.agent.spec import AgentSpec
 from launcher.agent.watchdog import nodes_verdict
 from launcher.agent.logs_specs import RunDirLogsSpecs
 from launcher.agent.zygote import Zygote, die_with_parent
@@ -31,6 +33,7 @@ from launcher.logs import setup_launcher_logging
 from launcher.plan import LaunchPlan
 from launcher.rundir import build_summary, finish, write_json
 from launcher.runtime import env
+from launcher.runtime.schema import NODES_DIR, ROOT_CAUSE, Status
 
 log = logging.getLogger("launcher")
 HANG_PEERS_S = 30.0  # after a hang here, how long the head waits for the other nodes' watchdogs to say theirs
@@ -63,12 +66,12 @@ class NodeSession:
             else:
                 log.info(f"all {self.plan.nodes} nodes checked in at {self.plan.rdzv_endpoint} ({self.plan.rdzv_backend} rendezvous)")
 
-    def run(self, plan: LaunchPlan, config: Dict[str, Any]) -> Tuple[Dict[int, Any], int]:
+    def run(self, plan: LaunchPlan, spec: AgentSpec) -> Tuple[Dict[int, Any], int]:
         self.meet()
-        local_addr = config["rdzv"].get("local_addr") or choose_interface(self.handshake.host, self.handshake.port)
+        local_addr = spec.local_addr or choose_interface(self.handshake.host, self.handshake.port)
         self.mirror = mirror.start(plan, self.handshake.host, self.handshake.port, self.key, self.is_head)
         peers = PeerFlags(self.handshake, lambda: int(self.logs.placement.get("group_rank", plan.node_rank or 0)), plan.nodes)
-        results, restarts = run_node(plan, config, self.logs, local_addr, rdzv_key=self.key, peers=peers)
+        results, restarts = run_node(plan, spec, self.logs, local_addr, rdzv_key=self.key, peers=peers)
         holds_rank0 = first_result(results) is not None
         self.node_list = self.handshake.exchange_placement(plan.nodes, holds_rank0)
         return results, restarts
@@ -86,7 +89,7 @@ class NodeSession:
         an object-store run's staging folder): its files reached the head, or no rank started here to write any."""
         return self.mirror is None if self.mirrored is None else self.mirrored
 
-    def finish(self, run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: str,
+    def finish(self, run_dir: Path, base: Dict[str, Any], rank0: Optional[Dict[str, Any]], status: Status,
                started: float, error: Optional[str] = None, restarts: int = 0) -> Dict[str, Any]:
         """Record this node under nodes/; write summary.json where this node speaks for the job."""
         placement = self.logs.placement
@@ -96,13 +99,14 @@ class NodeSession:
                   "ranks": placement.get("ranks", []), "restarts": restarts}
         if isinstance(base.get("root_cause"), dict):  # this node's failed first rank: the job's, where it failed first
             record["root_cause"] = base["root_cause"]
-        write_json(run_dir / "nodes" / f"{node_name}.json", record)
-        status, error = self._job_verdict(group, status, error)
+        write_json(run_dir / NODES_DIR / f"{node_name}.json", record)  # launcher.runtime.schema.NODE
+        status, error = self._job_verdict(group, status, error, record.get("root_cause"), base)
         if self.mirror is not None:  # the head waits for the others' last lines and records; they send them
             self.mirrored = self.mirror.close()
             self.mirror = None
-        extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend, "rdzv_endpoint": self.plan.rdzv_endpoint}
-        if status != "completed" and self.is_head and not self.node_list and self.handshake.store is not None:
+        extra: Dict[str, Any] = {"launch_mode": self.plan.mode, "rendezvous": self.plan.rdzv_backend,
+                                 "rdzv_endpoint": self.plan.rdzv_endpoint}
+        if status != Status.COMPLETED and self.is_head and not self.node_list and self.handshake.store is not None:
             self.node_list = self.handshake.placements_so_far(self.plan.nodes)
         if self.node_list:
             world, nodes = describe_nodes(self.node_list)
@@ -112,29 +116,37 @@ class NodeSession:
                 extra["gpus_per_node"] = [len(n["ranks"]) for n in nodes]
             if len(nodes) == self.plan.nodes:
                 extra["world_size"] = world
-            elif self.plan.elastic and status == "completed":  # the last round's nodes, however many
+            elif self.plan.elastic and status == Status.COMPLETED:  # the last round's nodes, however many
                 extra.update(world_size=world, nodes=len(nodes))
         full = {**base, **extra}
-        if (status == "completed" and rank0 is not None) or (status != "completed" and self.is_head):
+        if (status == Status.COMPLETED and rank0 is not None) or (status != Status.COMPLETED and self.is_head):
             return finish(run_dir, full, rank0, status, started, error=error, restarts=restarts)
         summary = build_summary({**full, "status": status, "wall_s": _since(started), "restarts": restarts}, rank0)
         return summary
 
-    def _job_verdict(self, node: Optional[int], status: str, error: Optional[str]) -> Tuple[str, Optional[str]]:
+    def _job_verdict(self, node: Optional[int], status: Status, error: Optional[str], cause: Optional[Dict[str, Any]],
+                     base: Dict[str, Any]) -> Tuple[Status, Optional[str]]:
         """On the head of a failed job: the other nodes' hang verdicts join its own (each node watches only its
-        ranks, and the rank that hung may be on another machine). The others publish how they ended.
+        ranks, and the rank that hung may be on another machine), and the rank that failed first on any node is
+        the job's root cause (base's, with that node's error). The others publish how they ended.
         A simulated job's supervisor reads every node's record itself (launcher.backends.simulated)."""
-        if status == "completed" or self.plan.mode == "simulated" or self.handshake.store is None or node is None:
+        if status == Status.COMPLETED or self.plan.mode == "simulated" or self.handshake.store is None or node is None:
             return status, error
         if not self.is_head:
-            self.handshake.publish_end(node, status, error)
+            self.handshake.publish_end(node, status, error, cause)
             return status, error
-        wait_s = HANG_PEERS_S if status == "hung" else OTHERS_END_S
-        hangs = {k: str(end["error"]) for k, end in self.handshake.ends(self.plan.nodes, node, wait_s).items()
-                 if end.get("status") == "hung"}
-        if not hangs:
-            return status, error
-        return "hung", nodes_verdict({node: str(error), **hangs})
+        wait_s = HANG_PEERS_S if status == Status.HUNG else OTHERS_END_S
+        ends = self.handshake.ends(self.plan.nodes, node, wait_s)
+        hangs = {k: str(end["error"]) for k, end in ends.items() if end.get("status") == Status.HUNG}
+        if hangs:
+            return Status.HUNG, nodes_verdict({node: str(error), **hangs})
+        causes = {node: cause, **{k: ROOT_CAUSE.read(end.get("root_cause")) or None for k, end in ends.items()}}
+        first = first_cause(causes.values())
+        found = next((k for k, c in causes.items() if first is not None and c is first), node)
+        if found != node and first is not None:  # another node's rank failed first: this node's failed on it gone
+            base["root_cause"] = first
+            error = str(ends[found].get("error") or error)
+        return status, error
 
 
 def rdzv_key(plan: LaunchPlan) -> Optional[bytes]:
@@ -192,7 +204,7 @@ def main(argv: List[str]) -> int:
         Zygote.start("trainer" if cfg.script.path is None else "script")  # imports while the nodes meet
     setup_launcher_logging(Path(run_dir) / "logs" / f"node-{node_rank}.log")
     for handler in log.handlers:
-        if handler.formatter is not None and handler.formatter._fmt.startswith("[launcher]"):
+        if handler.formatter is not None and (handler.formatter._fmt or "").startswith("[launcher]"):
             handler.setFormatter(logging.Formatter(f"[launcher node {node_rank}] %(message)s"))
     os.environ[env.START_TIME] = repr(payload["started"])
     try:

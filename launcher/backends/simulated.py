@@ -27,10 +27,12 @@ from launcher.config.rendezvous import split_endpoint
 from launcher.config.schema import Config, to_dict
 from launcher.errors import HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
-from launcher.rundir import finish, one_line_summary, prepare_run_dir, read_json, read_node_record, summary_base
+from launcher.rundir import (finish, first_failed_node, one_line_summary, prepare_run_dir, read_json, read_node_record,
+                             summary_base)
+from launcher.runtime.schema import Status
 
 log = logging.getLogger("launcher")
-STOP_GRACE_S = 45.0  # a node's agent may wait 30 s for workers stuck in init (FACTS.md) before it kills them
+STOP_GRACE_S = 45.0  # a node's agent may wait 30 s for workers stuck in init (they ignore SIGTERM) before it kills them
 POLL_S = 0.2
 # After one node caught a hang, the others get this long to catch theirs (their own ranks' stacks, and the
 # rank that caused it may be theirs) before they are stopped: each node's watchdog judges only its ranks.
@@ -111,7 +113,7 @@ class NodeSupervisor:
                     if self._goes_on_without(k, code, codes):
                         continue
                     self.failed_node = k
-                    if read_node_record(Path(self.plan.run_dir), k).get("status") == "hung":
+                    if read_node_record(Path(self.plan.run_dir), k).get("status") == Status.HUNG:
                         log.info(f"node {k} caught a hang; waiting up to {HANG_PEERS_S:g}s for the other nodes' watchdogs")
                         self._wait_all(HANG_PEERS_S)
                     log.info(f"node {k} {_how_it_ended(code)}; stopping the other nodes")
@@ -178,17 +180,19 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
             "launch_mode": plan.mode, "rendezvous": plan.rdzv_backend, "rdzv_endpoint": plan.rdzv_endpoint}
     restarts = base.pop("restarts", 0)
     if code >= 128:
-        finish(run_dir, base, None, "interrupted", started, restarts=restarts)
+        finish(run_dir, base, None, Status.INTERRUPTED, started, restarts=restarts)
         log.info(f"stopped by signal {code - 128}; run directory {run_dir}")
         return code
     hangs = _hangs(run_dir, plan.nodes)
+    # the node whose rank failed first names the job's root cause (read back, its shape checked): not node 0's rank
+    # that failed on the peer gone, nor nothing where node 0 was stopped before it saw one fail
+    first = first_failed_node(run_dir, plan.nodes)
+    failed_node = failed_node if first is None else first
     cause = read_node_record(run_dir, failed_node).get("root_cause")
-    if "root_cause" not in base and cause is not None:  # read back, its shape checked (read_node_record)
-        # node 0 had not seen its own rank fail when it was stopped (it ended "interrupted", with no root cause):
-        # the node that failed first names the rank, as `ls`, `logs` and the board lead with it
+    if cause is not None:
         base["root_cause"] = cause
     error = hangs or _node_error(run_dir, failed_node) or f"node {failed_node} {_how_it_ended(code)}"
-    finish(run_dir, base, None, "hung" if hangs else "failed", started, error=error, restarts=restarts)
+    finish(run_dir, base, None, Status.HUNG if hangs else Status.FAILED, started, error=error, restarts=restarts)
     if code == 2:
         return 2  # the node printed its one-line usage error already
     raise (HangError if hangs else WorkerFailedError)(error)
@@ -197,7 +201,7 @@ def report(cfg: Config, plan: LaunchPlan, started: float, code: int, failed_node
 def _completed_since(summary_path: Path, started: float) -> bool:
     """Node 0 wrote a "completed" summary.json in this launch (a resumed run's directory holds an older one)."""
     try:
-        return summary_path.stat().st_mtime >= started and read_json(summary_path).get("status") == "completed"
+        return summary_path.stat().st_mtime >= started and read_json(summary_path).get("status") == Status.COMPLETED
     except (OSError, ValueError):
         return False
 
@@ -233,5 +237,5 @@ def _node_error(run_dir: Path, node: Optional[int]) -> Optional[str]:
 def _hangs(run_dir: Path, nodes: int) -> Optional[str]:
     """Every node's hang verdict, node by node: 'node 0: hang: ... | node 1: hang: ...' (None if no node hung)."""
     records = {k: read_node_record(run_dir, k) for k in range(nodes)}
-    found = {k: str(r.get("error")) for k, r in records.items() if r.get("status") == "hung"}
+    found = {k: str(r.get("error")) for k, r in records.items() if r.get("status") == Status.HUNG}
     return nodes_verdict(found) or None

@@ -21,7 +21,8 @@ from flask import Flask, abort, jsonify, request, send_file, send_from_directory
 from launcher.board.auth import QUERY, require_token
 from launcher.board.groups import group_row, group_view
 from launcher.board.runlist import board_runs
-from launcher.board.views import NotServed, inside, log_view, run_view
+from launcher.board.files import NotServed, inside
+from launcher.board.views import log_view, run_view
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"

@@ -1,150 +1,62 @@
-"""What the board shows, read from run directories: a run's live view, its rank logs, a group's charts.
+"""What the board shows of a run, read from its directory: its page's view (one poll) and its rank logs.
 
 Read-only and standard library only (no web framework): every function takes a directory that
-inside() has already checked lies under the board's output directory. A run directory holds
-metrics.jsonl (rank 0's record per log step, with every rank's step time and memory), summary.json
-once it ended, goodput/ (rank 0's per-step record of each attempt, the agent's failure records),
+inside() (launcher.board.files) has already checked lies under the board's output directory. A run
+directory holds metrics.jsonl (rank 0's record per log step, with every rank's step time and memory),
+series/ (a script's every launcher.log call: launcher.board.series), summary.json once it ended,
+goodput/ (rank 0's per-step record of each attempt, the agent's failure records: launcher.board.events),
 logs/rank-K.log and logs/launcher.log; its status and step target come from the run index
-(launcher.runindex), as `ls` shows them.
+(launcher.runindex), as `ls` shows them. Where the time went is launcher.board.timing's, the live
+header's rate and ETA launcher.board.live's.
 """
 
 from __future__ import annotations
 
 import errno
 import heapq
-import io
-import json
-import os
 import re
 import time
-from collections import deque
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from launcher.agent.ranklog import RankLog, rank_lines
-from launcher.runindex import run_row
-from launcher.trainers.metrics.goodput import DIR as GOODPUT_DIR, membership_changes
-from launcher.steps.rows import OWN
+from launcher.board.events import attempt_records, run_events
+from launcher.board.files import NotServed, inside, read_json, read_jsonl, servable, tail_lines
+from launcher.board.live import live_header
+from launcher.board.series import logged_series
+from launcher.board.timing import time_breakdown
+from launcher.runindex import entry_or_damaged
 
+from launcher.runtime.fields import Field
+from launcher.runtime.schema import ROW, SUMMARY, Status, row_fields
+
+__all__ = ["NotServed", "inside", "heatmap", "log_view", "run_view"]
 SERIES = ("loss", "samples_per_s", "steps_per_s", "step_time_s")
-MAX_LOGGED_SERIES = 12  # launcher.log() keys charted on a script's run page (metrics.jsonl has them all)
 HEATMAP_COLUMNS = 200  # the newest log steps in the heatmap: enough to see a straggler come and go
-EVENT_LEVELS = re.compile(r" (WARNING|ERROR|CRITICAL) ")
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 MAX_LOG_LINES = 2000
 FAILURE_LOG_LINES = 40  # of a failed rank's log, where it recorded no error file: its traceback is at the end
 
 
-def inside(root: Path, rel: str) -> Optional[Path]:
-    """root/rel when it is root or lies under it (symlinks followed); None for anything else (.., /abs)."""
-    base = root.resolve()
-    if not rel or rel in (".", "/"):
-        return base
-    if rel.startswith("/") or "\x00" in rel:
-        return None
-    target = (base / rel).resolve()
-    return target if target == base or base in target.parents else None
-
-
-class NotServed(FileNotFoundError):
-    """A file of a run folder reached through a symlink: served as absent (404), whatever it points to."""
-
-
-def servable(path: Path) -> bool:
-    return os.path.realpath(path) == os.path.abspath(path)
-
-
-def open_served(path: Path) -> BinaryIO:
-    """path opened for reading only when its real path is itself: a symlink on the way or at the end (anyone
-    who can write the output folder can plant one) could lead outside the board's folder (docs/board.md)."""
-    if not servable(path):
-        raise NotServed(errno.ENOENT, "a symlink: not served", str(path))
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")  # and one swapped in since
-
-
-def read_json(path: Path) -> Any:
-    try:
-        with open_served(path) as f:
-            return json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def read_jsonl(path: Path) -> List[Dict[str, Any]]:
-    """Every whole line of a JSONL file; a line being written (no newline yet) is left for the next read."""
-    try:
-        with open_served(path) as f:
-            text = f.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return []
-    rows = []
-    for line in text.split("\n")[:-1]:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def live_step(run_dir: Path) -> Optional[int]:
-    """Rank 0's step now: the newest launch's newest attempt record (trainers.metrics.goodput, rewritten every step)."""
-    records = sorted((run_dir / "goodput").glob("*-attempt-*.json"), key=_launch_and_attempt)
-    for path in reversed(records):
-        record = read_json(path) if path.stat().st_size else None
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
+    """Rank 0's step now: the newest launch's newest attempt record (launcher.runtime.goodput, rewritten every step)."""
+    for _, _, record in reversed(attempt_records(run_dir)):
+        if record.get("step") is not None:
             return record["step"]
     return None
 
 
-def _launch_and_attempt(path: Path) -> tuple:
-    launch, _, attempt = path.stem.partition("-attempt-")
-    return (int(launch) if launch.isdigit() else 0, int(attempt) if attempt.isdigit() else 0)
-
-
-def failure_events(run_dir: Path) -> List[Dict[str, Any]]:
-    """Attempts that failed (from the agent's failure records, hangs named) and the launcher's warnings.
-
-    Not a restart count: a run that fails on its last attempt has one failure record more than restarts,
-    and a resumed run keeps its earlier launches' records; the count is the run index's (summary.json's
-    "restarts", the agent's own count)."""
-    events: List[Dict[str, Any]] = []
-    failures = sorted((run_dir / "goodput").glob("*-failure-*.json"))
-    for path in failures:
-        record = read_json(path) or {}
-        attempt = path.stem.rsplit("-", 1)[1]
-        what = "hang verdict: the watchdog stopped" if record.get("hang") else "failed"
-        events.append({"at": record.get("detected_at"), "text": f"attempt {attempt} {what}"})
-    events += membership_events(run_dir)
-    for line in tail_lines(run_dir / "logs" / "launcher.log", 400):
-        if EVENT_LEVELS.search(line):
-            events.append({"at": None, "text": line})
-    return events[-100:]
-
-
-def membership_events(run_dir: Path) -> List[Dict[str, Any]]:
-    """An elastic job's membership changes in its newest launch (while it runs too), as the summary lists them:
-    when, who left or joined, and the world size after. Read from the node agents' round records."""
-    keys = {p.name.split("-", 1)[0] for p in (run_dir / GOODPUT_DIR).glob("*-round-*.json")}
-    launches = [int(k) for k in keys if k.isdigit()]
-    if not launches:
-        return []
-    events = []
-    for change in membership_changes(run_dir, max(launches) / 1000):
-        who = "; ".join([f"left: {', '.join(change['left'])}"] * bool(change["left"]) +
-                        [f"joined: {', '.join(change['joined'])}"] * bool(change["joined"]))
-        events.append({"at": change.get("at"), "text": f"membership change ({who}): {change.get('nodes')} nodes, "
-                                                      f"world size {change.get('world_size')}"})
-    return events
-
-
 def heatmap(metrics: List[Dict[str, Any]], key: str) -> Dict[str, Any]:
-    """Ranks x log steps of a per-rank list (z[rank][column]), the newest HEATMAP_COLUMNS columns."""
+    """Ranks x log steps of a per-rank list (z[rank][column]), the newest HEATMAP_COLUMNS columns. A script's rows
+    give what each rank computes of its step (every rank's step time is the slowest's: its row would be uniform),
+    the built-in trainer's the step time; `what` says which."""
+    if key == "step_time_s_per_rank" and any(isinstance(m.get("compute_s_per_rank"), list) for m in metrics):
+        key = "compute_s_per_rank"
     rows = [m for m in metrics if isinstance(m.get(key), list)][-HEATMAP_COLUMNS:]
     ranks = max((len(m[key]) for m in rows), default=0)
     z = [[(m[key][r] if r < len(m[key]) else None) for m in rows] for r in range(ranks)]
-    return {"steps": [m.get("step") for m in rows], "ranks": list(range(ranks)), "z": z}
+    what = "compute" if key == "compute_s_per_rank" else "step time"
+    return {"steps": [m.get("step") for m in rows], "ranks": list(range(ranks)), "z": z, "what": what}
 
 
 def memory_per_rank(metrics: List[Dict[str, Any]], summary: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -159,40 +71,56 @@ def memory_per_rank(metrics: List[Dict[str, Any]], summary: Optional[Dict[str, A
     return {"kind": None, "mb": []}
 
 
-def logged_series(metrics: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """A script's launcher.log() values by key (rows of a script carry attempt_step; the built-in trainer's own
-    fields are charted above): {key: [value per row]}, and {key_per_rank: [[value per row] per rank]}."""
-    rows = [m for m in metrics if "attempt_step" in m]
-    keys = sorted({k for m in rows for k, v in m.items() if k not in OWN and k not in SERIES
-                   and (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, list))})
-    out: Dict[str, Any] = {}
-    for key in keys[:MAX_LOGGED_SERIES]:
-        values = [m.get(key) for m in metrics]
-        if any(isinstance(v, list) for v in values):
-            ranks = max(len(v) for v in values if isinstance(v, list))
-            out[key] = [[v[r] if isinstance(v, list) and r < len(v) else None for v in values] for r in range(ranks)]
-        else:
-            out[key] = values
+def column(metrics: List[Dict[str, Any]], field: Field) -> List[Any]:
+    """One field of every row, as the schema declares it (null where a row's value has another shape)."""
+    out = []
+    for m in metrics:
+        try:
+            out.append(field.check(m.get(field.name)))
+        except ValueError:
+            out.append(None)
     return out
+
+
+def figures(metrics: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The step-record fields the schema charts (launcher.runtime.schema.STEP, chart=True), each with its unit and
+    meaning: the job's value per row and, where declared per rank, each rank's line."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for field in row_fields():
+        name = field.name[:-len("_per_rank")] if field.name.endswith("_per_rank") else field.name
+        if not field.chart or not any(field.name in m for m in metrics):
+            continue
+        chart = out.setdefault(name, {"name": name, "unit": field.unit, "meaning": field.meaning})
+        values = column(metrics, field)
+        if field.name == name:
+            chart["job"] = values
+        else:
+            ranks = max((len(v) for v in values if isinstance(v, list)), default=0)
+            chart["per_rank"] = [[v[r] if isinstance(v, list) and r < len(v) else None for v in values]
+                                 for r in range(ranks)]
+    return list(out.values())
 
 
 def run_view(run_dir: Path) -> Dict[str, Any]:
     """Everything the run page draws, in one poll: the run's index row (status, steps, command) and its records."""
-    row = run_row(run_dir, time.time())
-    summary = read_json(run_dir / "summary.json")
-    summary = summary if isinstance(summary, dict) else None
+    row = entry_or_damaged(run_dir, time.time()) or {}  # a summary.json of the wrong shape: a damaged run
+    summary = SUMMARY.read(read_json(run_dir / "summary.json")) or None  # its fields of the declared shape
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     step = live_step(run_dir)  # rank 0's step now; the row's is the last logged one
     return {
-        **{k: row.get(k) for k in ("run_id", "kind", "status", "steps", "command", "error", "world_size")},
+        **{k: row.get(k) for k in ("run_id", "kind", "what", "status", "steps", "command", "error", "world_size", "note",
+                                   "preempted_at", "requeued")},
         "nodes": (summary or {}).get("nodes") or plan_nodes(run_dir),
         "view": "run", "step": step if step is not None else row.get("step"),
-        "series": {"step": [m.get("step") for m in metrics], **{k: [m.get(k) for m in metrics] for k in SERIES}},
-        "logged": logged_series(metrics),
+        "live": live_header(run_dir, row.get("status"), row.get("steps"), metrics),
+        "series": {k: column(metrics, ROW.fields[k]) for k in ("step", *SERIES)},
+        "logged": logged_series(run_dir, metrics), "figures": figures(metrics),
+        "time": time_breakdown(metrics, summary),
         "step_times": heatmap(metrics, "step_time_s_per_rank"), "memory": memory_per_rank(metrics, summary),
-        "restarts": int(row.get("restarts") or 0), "events": failure_events(run_dir), "ranks": rank_logs(run_dir),
-        "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "final_loss", "goodput",
-                                                "time_to_first_step_s", "error")} if summary else None,
+        "restarts": int(row.get("restarts") or 0), "events": run_events(run_dir, metrics, summary),
+        "ranks": rank_logs(run_dir),
+        "summary": {k: summary.get(k) for k in ("status", "wall_s", "samples_per_s", "steps_per_s", "final_loss",
+                                                "goodput", "time_to_first_step_s", "error")} if summary else None,
         "failure": failure_view(run_dir, summary, row.get("status")),
         "read_at": time.time(),
     }
@@ -209,7 +137,7 @@ def failure_view(run_dir: Path, summary: Optional[Dict[str, Any]], status: Any) 
     """A failed run's root cause, which the run page leads with: the rank that failed first (summary.json's
     root_cause, the agent's finding), its error and its traceback (its error file's, else its log's last lines),
     rather than rank 0's knock-on error."""
-    cause = (summary or {}).get("root_cause") if status == "failed" else None
+    cause = (summary or {}).get("root_cause") if status == Status.FAILED else None
     if not isinstance(cause, dict) or not isinstance(cause.get("rank"), int):
         return None
     traceback = ""
@@ -229,14 +157,6 @@ def rank_logs(run_dir: Path) -> List[int]:
     folder = run_dir / "logs"
     found = [RANK_LOG.match(p.name) for p in folder.iterdir() if servable(p)] if servable(folder) and folder.is_dir() else []
     return sorted(int(m.group(1)) for m in found if m)
-
-
-def tail_lines(path: Path, count: int) -> List[str]:
-    try:
-        with io.TextIOWrapper(open_served(path), encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in deque(f, maxlen=count)]
-    except OSError:
-        return []
 
 
 def log_view(run_dir: Path, rank: Optional[int], count: int, grep: str = "") -> Dict[str, Any]:

@@ -20,6 +20,8 @@ from launcher.config.schema import STRATEGIES, load_config
 from launcher.errors import ConfigError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, read_json, write_json
+from launcher.runtime import formatting
+from launcher.runtime.schema import Status
 from launcher.usage import build_parser as run_parser, config_overrides
 from launcher.commands.children import last_line, launcher_command
 from launcher.commands.compare_report import print_table, write_reports
@@ -69,11 +71,13 @@ def main(argv: List[str]) -> int:
     overrides = config_overrides(args)
     cfg = load_config(args.config, overrides)  # a bad key or value fails here, once, before any run
     compare_id = f"compare-{cfg.run_id or new_run_id()}"
-    compare_dir = create_run_dir(cfg.output_dir, compare_id)
+    compare_dir = create_run_dir(cfg.output_dir, compare_id, cfg.launcher.allow_other_owner)
     rows = []
-    for strategy in strategies:
-        row = run_strategy(strategy, args.config, overrides, compare_dir)
-        print(f"compare: {strategy}: {row['status']}" + (f" ({row['error']})" if row.get("error") else ""), file=sys.stderr, flush=True)
+    print(f"compare {compare_id}: {len(strategies)} strategies ({', '.join(strategies)}), one run at a time; "
+          f"folder {compare_dir}", file=sys.stderr, flush=True)
+    for number, strategy in enumerate(strategies, 1):
+        row = run_strategy(strategy, args.config, overrides, compare_dir, f"{number}/{len(strategies)}")
+        print(f"compare: {strategy}: {ended_text(row)}", file=sys.stderr, flush=True)
         rows.append(row)
     report = {"compare_id": compare_id, "nodes": cfg.nodes, "gpus_per_node": cfg.gpus, "model": cfg.model.name,
               "batch_size_per_worker": cfg.data.batch_size, "steps": cfg.trainer.steps, "rows": rows}
@@ -85,7 +89,18 @@ def main(argv: List[str]) -> int:
     return 0
 
 
-def run_strategy(strategy: str, config_file: Optional[str], overrides: List[str], compare_dir: Path) -> Dict[str, Any]:
+def ended_text(row: Dict[str, Any]) -> str:
+    """'completed in 31s: 5044 samples/s, loss 0.8714', or the status and why: a strategy's end line."""
+    took = f" in {formatting.seconds(row['wall_s'])}" if row.get("wall_s") is not None else ""
+    if row.get("error"):
+        return f"{row['status']}{took} ({row['error']})"
+    figures = [f"{formatting.rate(row['samples_per_s'])} samples/s"] if row.get("samples_per_s") else []
+    figures += [f"loss {formatting.loss(row['final_loss'])}"] if row.get("final_loss") is not None else []
+    return f"{row['status']}{took}" + (f": {', '.join(figures)}" if figures else "")
+
+
+def run_strategy(strategy: str, config_file: Optional[str], overrides: List[str], compare_dir: Path,
+                 which: str = "") -> Dict[str, Any]:
     """Run one strategy to completion in its own launcher process and turn its summary into a row."""
     item = [f"trainer.strategy={strategy}"]
     try:
@@ -96,16 +111,18 @@ def run_strategy(strategy: str, config_file: Optional[str], overrides: List[str]
     child = launcher_command((["--config", config_file] if config_file else [])
                              + overrides + item + [f"output_dir={runs}", f"run_id={strategy}"])
     log_path = compare_dir / "logs" / f"{strategy}.log"
+    print(f"compare: {strategy}: starting{f' ({which})' if which else ''}; its output in {log_path}", file=sys.stderr,
+          flush=True)
     started = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
         code = subprocess.call(child, stdout=log, stderr=subprocess.STDOUT)
     summary_path = runs / strategy / "summary.json"
     summary: Dict[str, Any] = read_json(summary_path) if summary_path.is_file() else {}
-    row: Dict[str, Any] = {"strategy": strategy, "status": summary.get("status") or "failed", "exit_code": code,
+    row: Dict[str, Any] = {"strategy": strategy, "status": summary.get("status") or Status.FAILED, "exit_code": code,
                            "wall_s": time.time() - started, "run_dir": str(runs / strategy), "log": str(log_path)}
     row.update({key: summary.get(key) for key in ROW_KEYS})
     if code != 0:
-        row["status"] = "failed"
+        row["status"] = Status.FAILED
         row["error"] = summary.get("error") or last_line(log_path) or f"exit code {code}"
     return row
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 from launcher.commands import table
 from launcher.rundir import write_atomic
 from launcher.runtime import formatting
+from launcher.runtime.schema import Status
 
 MB = 1024 * 1024
 HEADER = ("strategy", "status", "processes", "samples/s", "step ms (median)", "final loss",
@@ -19,7 +20,7 @@ def state_mb_per_rank(row: Dict[str, Any]) -> Optional[List[float]]:
     parts = [row.get(k) for k in ("param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank")]
     if any(p is None for p in parts):
         return None
-    return [sum(values) / MB for values in zip(*parts)]  # type: ignore[misc]
+    return [sum(values) / MB for values in zip(*parts)]
 
 
 def table_rows(report: Dict[str, Any]) -> List[List[str]]:
@@ -27,7 +28,7 @@ def table_rows(report: Dict[str, Any]) -> List[List[str]]:
     for row in report["rows"]:
         state = state_mb_per_rank(row)
         peak = row.get("peak_memory_bytes_per_rank")
-        note = row.get("error") if row["status"] != "completed" else row.get("strategy_note")
+        note = row.get("error") if row["status"] != Status.COMPLETED else row.get("strategy_note")
         out.append([
             row["strategy"], row["status"], _fmt(row.get("processes"), "{}"), formatting.rate(row.get("samples_per_s"), "-"),
             _fmt(row.get("step_time_s_median") and row["step_time_s_median"] * 1000, "{:.1f}"),
@@ -61,7 +62,17 @@ def print_table(report: Dict[str, Any]) -> None:
 
 
 def plot(report: Dict[str, Any], path: Path) -> None:
-    """Three panels: throughput, peak memory per rank, and parameter+gradient+optimizer MB per rank."""
+    """compare.png: compare_figure's."""
+    fig = compare_figure(report)
+    import matplotlib.pyplot as plt  # after the figure chose its backend (Agg)
+
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def compare_figure(report: Dict[str, Any]) -> Any:
+    """Three panels: throughput, peak memory per rank, and parameter+gradient+optimizer MB per rank (a legend
+    names each rank's colour)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -78,22 +89,28 @@ def plot(report: Dict[str, Any], path: Path) -> None:
         ax.tick_params(axis="x", rotation=30)
     for ax, r in ((axes[0], rows),):
         for i, row in enumerate(r):
-            if row["status"] != "completed":
+            if row["status"] != Status.COMPLETED:
                 ax.text(i, 0, row["status"], rotation=90, ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"{report['model']}: {report['nodes']} node(s) x {report['gpus_per_node']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def _per_rank_bars(ax: Any, rows: List[Dict[str, Any]], values: Any, title: str) -> None:
-    """One bar per rank, grouped by strategy: sharding shows as shorter bars per rank."""
-    width = 0.8 / max(1, max((len(values(r)) for r in rows), default=1))
+    """One bar per rank, grouped by strategy: sharding shows as shorter bars per rank; the legend says which colour
+    is which rank."""
+    ranks = max((len(values(r)) for r in rows), default=1)
+    width = 0.8 / max(1, ranks)
+    labelled = set()
     for i, row in enumerate(rows):
         for k, v in enumerate(values(row)):
-            ax.bar(i - 0.4 + width * (k + 0.5), v, width, color=f"C{k % 10}")
+            label = f"rank {k}" if k not in labelled else None
+            labelled.add(k)
+            ax.bar(i - 0.4 + width * (k + 0.5), v, width, color=f"C{k % 10}", label=label)
     ax.set_xticks(range(len(rows)), [r["strategy"] for r in rows])
     ax.set_title(title)
+    if labelled:
+        ax.legend(fontsize=8, ncol=min(4, len(labelled)))
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, List
 
 from launcher.config.schema import Config, load_config
@@ -72,7 +73,7 @@ def check_torch() -> List[Check]:
     return checks
 
 
-def check_gpus(torch, count: int) -> Check:  # type: ignore[no-untyped-def]
+def check_gpus(torch: ModuleType, count: int) -> Check:
     if count == 0:
         hint = "no CUDA device: --gpus G runs G CPU workers with gloo"
         if torch.version.cuda and os.environ.get("CUDA_VISIBLE_DEVICES") == "":

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher import prestart
 from launcher.config.schema import Config
 from launcher.errors import ConfigError
 from launcher.plan import new_run_id
@@ -35,7 +36,8 @@ def run_comm_test(args: argparse.Namespace, cfg: Config) -> int:
     run_dir = Path(cfg.output_dir).resolve() / run_id
     out = run_dir / "allreduce.json"
     print(f"\nall-reduce bandwidth: {args.nodes} node(s) x {gpus} workers; run directory {run_dir}", flush=True)
-    argv = ["--gpus", str(gpus), "--nodes", str(args.nodes), *args.overrides, f"run_id={run_id}", "-m", BENCH_MODULE, "--max-bytes", str(args.max_bytes), "--out", str(out)]
+    argv = ["--gpus", str(gpus), "--nodes", str(args.nodes), *args.overrides, f"run_id={run_id}",
+            "-m", BENCH_MODULE, "--max-bytes", str(args.max_bytes), "--out", str(out)]
     if args.config:
         argv = ["--config", args.config, *argv]
     code = with_error_contract(lambda: launch(argv))
@@ -48,7 +50,9 @@ def run_comm_test(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def launch(argv: List[str]) -> int:
-    """`python -m launcher ARGV`, as a run from the command line (launcher.usage, launcher.run)."""
+    """`python -m launcher ARGV`, as a run from the command line (launcher.usage, launcher.run), but in this process:
+    an exec into the warm bootstrap would never come back to print the table."""
+    prestart.stay()
     args, script = parse_args(argv)
     return run(args, config_overrides(args), script_spec(args, script))
 

@@ -26,6 +26,7 @@ from launcher.commands.runref import add_run_arguments, locate_run
 from launcher.errors import ConfigError
 from launcher.rundir import read_json
 from launcher.runindex import run_row
+from launcher.runtime.schema import SUMMARY
 from launcher.usage import OneLineParser, reader_went_away
 
 POLL_S = 0.5
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "one rank's, or every rank's interleaved in time order.")
     add_run_arguments(p)
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int, metavar="K", help="global rank whose log to print (default: a failed run's rank that failed first, else 0)")
+    which.add_argument("--rank", type=int, metavar="K",
+                       help="global rank whose log to print (default: a failed run's rank that failed first, else 0)")
     which.add_argument("--all", action="store_true", help="every rank's lines, interleaved in time order, rank-prefixed")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what the logs gain until the run ends")
     p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
@@ -86,7 +88,8 @@ def world_size(run_dir: Path) -> int:
     for name in ("summary.json", "plan.json"):
         path = run_dir / name
         if path.is_file():
-            size = read_json(path).get("world_size")
+            data = read_json(path)
+            size = (SUMMARY.read(data) if name == "summary.json" else data).get("world_size")  # summary: as declared
             if isinstance(size, int) and size > 0:
                 return size
     job = run_dir / "job.json"

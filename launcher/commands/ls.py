@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import sys
 import time
@@ -19,15 +20,18 @@ from typing import Any, Dict, List, Optional
 from launcher.errors import ConfigError
 from launcher.commands import table
 from launcher.objectstore import runrecord
+from launcher.objectstore.staging import name_left_behind
 from launcher.runindex import STATUSES, list_runs
-from launcher.trainers.checkpoint.objects import is_url
 from launcher.runtime import formatting
+from launcher.runtime.objects import is_url
+from launcher.runtime.schema import Status
 from launcher.usage import OneLineParser, reader_went_away
 
 # sacct's final states for a job whose files say nothing (it never started its workers, or died with them)
-SLURM_STATUS = {"COMPLETED": "completed", "CANCELLED": "interrupted", "FAILED": "failed", "TIMEOUT": "failed",
-                "OUT_OF_MEMORY": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
-                "RUNNING": "running"}
+SLURM_STATUS = {"COMPLETED": Status.COMPLETED, "CANCELLED": Status.INTERRUPTED, "FAILED": Status.FAILED,
+                "TIMEOUT": Status.FAILED, "OUT_OF_MEMORY": Status.FAILED, "NODE_FAIL": Status.FAILED,
+                "BOOT_FAIL": Status.FAILED, "DEADLINE": Status.FAILED, "RUNNING": Status.RUNNING,
+                "PREEMPTED": Status.PREEMPTED, "REQUEUED": Status.PREEMPTED}
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 COLUMNS = ("run", "kind", "status", "step", "samples/s", "goodput", "restarts", "age", "command")
 NUMERIC = ("samples/s", "goodput")  # right-aligned, as numbers are; `restarts` stays left: tests read it by column
@@ -40,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the runs are (default launcher_runs); a sweep folder lists its runs")
     p.add_argument("--status", metavar="S", help=f"only runs with this status: {', '.join(STATUSES)} (comma-separated for several)")
     p.add_argument("--since", metavar="WHEN", help="only runs started since: 30m, 2h, 1d, or an ISO date/time (2026-11-23T10:00)")
-    p.add_argument("--json", action="store_true", help="print the rows as a JSON list (the board reads the same)")
+    p.add_argument("--json", action="store_true", help="print the rows as a JSON list (the board reads the same; "
+                   "`metrics`: the newest metrics.jsonl row's figures)")
     p.add_argument("--slurm", action="store_true", help="ask SLURM (one sacct call) about SLURM runs whose files "
                    "cannot tell: queued, or ended without a summary")
     return p
@@ -50,12 +55,11 @@ def main(argv: List[str]) -> int:
     args = build_parser().parse_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
     root = Path(args.output_dir)
     remote = is_url(args.output_dir)  # output_dir=s3://...: the records read from the store
-    if not remote and not root.is_dir():
-        raise ConfigError(f"no directory {root}: pass the output directory that holds the runs "
-                          f"(`python -m launcher ls DIR`; the default is launcher_runs)")
+    if not remote:
+        check_readable(root)
     wanted = parse_statuses(args.status) if args.status else None
     since = parse_since(args.since, time.time()) if args.since else None
-    rows = runrecord.list_runs(args.output_dir) if remote else list_runs(root)
+    rows = runrecord.list_runs(args.output_dir, name_left_behind(args.output_dir)) if remote else list_runs(root)
     if args.slurm:
         ask_slurm(rows)
     rows = filter_rows(rows, wanted, since)
@@ -72,17 +76,29 @@ def main(argv: List[str]) -> int:
     return 0
 
 
+def check_readable(root: Path) -> None:
+    """root is a folder this process may list: none there, or one it may not read (/proc/1/root), is one line."""
+    try:
+        os.scandir(root).close()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"no directory {root}: pass the output directory that holds the runs "
+                          f"(`python -m launcher ls DIR`; the default is launcher_runs)") from None
+    except OSError as e:
+        raise ConfigError(f"{root}: cannot read it ({e.strerror or e.__class__.__name__}): pass an output "
+                          "directory you may read") from e
+
+
 def ask_slurm(rows: List[Dict[str, Any]]) -> None:
     """Fill in status from sacct for SLURM rows the files leave unknown or dead; adds slurm_state to each."""
     from launcher.backends.slurm.records import job_states  # only with --slurm: ls itself never asks
 
     flat = [m for row in rows for m in [row, *(row.get("members") or [])]]
-    asked = [r for r in flat if r.get("slurm_job_id") and r["status"] in ("unknown", "dead")]
+    asked = [r for r in flat if r.get("slurm_job_id") and r["status"] in (Status.UNKNOWN, Status.DEAD)]
     states = job_states([str(r["slurm_job_id"]) for r in asked]) if asked else {}
     for row in asked:
         state = states.get(str(row["slurm_job_id"]), "UNKNOWN")
         row["slurm_state"] = state
-        row["status"] = SLURM_STATUS.get(state, "unknown")  # PENDING, REQUEUED, ...: it may run yet
+        row["status"] = SLURM_STATUS.get(state, Status.UNKNOWN)  # PENDING, REQUEUED, ...: it may run yet
 
 
 def parse_statuses(text: str) -> List[str]:
@@ -96,6 +112,9 @@ def parse_statuses(text: str) -> List[str]:
 def parse_since(text: str, now: float) -> float:
     """30m / 2h / 1d / 1w ago, or an ISO date or date-time (local time unless it names a zone)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if re.fullmatch(r"\s*-\s*\d.*", text):
+        raise ConfigError(f"--since {text}: say how long ago without a sign, e.g. --since {text.strip()[1:].strip()} "
+                          "(the runs started in that time)")
     if match:
         return now - float(match.group(1)) * UNITS[match.group(2)]
     try:
@@ -144,10 +163,12 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
 
 def failure_line(row: Dict[str, Any], indent: str) -> List[str]:
     """Under a failed run, what failed first (its summary's error: the root-cause rank, not rank 0's knock-on);
-    under a damaged one, why its files could not be read."""
-    if row["status"] == "damaged":
+    under a damaged one, why its files could not be read; under a preempted one, when and whether it is requeued."""
+    if row["status"] == Status.DAMAGED:
         return [f"{indent}{row['error']}"]
-    return [f"{indent}error: {row['error']}"] if row["status"] == "failed" and row.get("error") else []
+    if row["status"] == Status.PREEMPTED and row.get("note"):
+        return [f"{indent}{row['note']}"]
+    return [f"{indent}error: {row['error']}"] if row["status"] == Status.FAILED and row.get("error") else []
 
 
 def cells(row: Dict[str, Any], name: str) -> List[str]:

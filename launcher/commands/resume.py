@@ -22,9 +22,10 @@ from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.logs import setup_launcher_logging
 from launcher.objectstore import runrecord
+from launcher.objectstore.staging import name_left_behind
 from launcher.rundir import archive_rank_logs
 from launcher.usage import OneLineParser
-from launcher.trainers.checkpoint.files import Location, checkpoint_dir, latest_valid, read_manifest
+from launcher.runtime.checkpoints import Location, checkpoint_dir, latest_valid, read_manifest
 
 # Keys a resumed run may change; everything else is fixed by what the checkpoint holds.
 CHANGEABLE = ("trainer.steps", "trainer.lr", "trainer.log_every", "checkpoint.", "launcher.", "rdzv.", "wandb.")
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: List[str]) -> int:
-    args = build_parser().parse_intermixed_args(argv)  # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    # usage errors: launcher.usage.with_error_contract turns SystemExit into the exit code
+    args = build_parser().parse_intermixed_args(argv)
     sweep_dir = find_sweep(args.run, args.output_dir)
     if sweep_dir is not None:  # a sweep folder: re-run its unfinished members
         if args.max_restarts is not None:
@@ -71,6 +73,8 @@ def main(argv: List[str]) -> int:
     if args.parallel is not None:
         raise ConfigError("--parallel applies to a sweep folder: drop it to resume one run")
     remote = runrecord.run_url(args.run, args.output_dir)  # output_dir=s3://...: the record is read back from there
+    if remote:
+        name_left_behind(remote)  # a killed launcher's staging folder, with what it had not uploaded
     run_dir = runrecord.fetch_run(remote) if remote else find_run(args.run, args.output_dir)
     overrides = list(args.overrides) + ([f"launcher.max_restarts={args.max_restarts}"] if args.max_restarts is not None else [])
     check_overrides(overrides)
@@ -151,4 +155,4 @@ def launch(cfg: Config, run_dir: Path, checkpoint: Location, step: int, earlier:
         log.info(f"resuming run {run_dir.name} from {os.path.basename(str(checkpoint))} (step {step}) to step {cfg.trainer.steps}"
                  + (f"; the earlier rank logs are in {kept}" if kept else ""))
 
-    return dispatch.launch(cfg, dry_run=False, started=process_start_time(), continuing=take_over)
+    return dispatch.launch(cfg, process_start_time(), continuing=take_over)

@@ -23,6 +23,7 @@ import datetime
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -34,11 +35,14 @@ from launcher.plan import build_plan, detect_hardware
 from launcher.rundir import read_json, write_atomic, write_json
 from launcher.run import resolve_config
 from launcher.commands.children import launcher_command
-from launcher.commands.scale_report import (COLUMNS, HEADERS, TRAINER_FOOTNOTE, print_table, render_markdown,
-                                            render_plot, scaling_rows, spread, throughputs)
+from launcher.commands.scale_report import (COLUMNS, HEADERS, TRAINER_FOOTNOTE, notes, print_table, render_markdown,
+                                            render_plot, scaling_rows, spread, spread_text, throughputs,
+                                            widest_spread)
 from launcher.commands.scale_script import SCRIPT_COLUMNS, batch_check, efficiency_basis, footnote, script_rows
+from launcher.runtime import formatting
+from launcher.runtime.schema import SUMMARY
 from launcher.usage import OneLineParser, script_spec, split_argv
-from launcher.trainers.metrics.wandb_logger import log_table
+from launcher.runtime.wandb_logger import log_table
 
 Script = Tuple[str, bool, List[str]]  # launcher.usage.script_spec: (path or module, is_module, its arguments)
 
@@ -154,7 +158,7 @@ def main(argv: List[str]) -> int:
     if notice:
         print(notice, flush=True)
     rounds, noisy = measure(points, args, overrides, script, sweep_dir, group)
-    return report(cfg, args.mode, points, rounds, sweep_dir, group, notice, noisy, script)
+    return report(cfg, args.mode, points, rounds, sweep_dir, group, notice, args.spread if noisy else None, script)
 
 
 def point_overrides(point: SweepPoint, overrides: List[str], script: Optional[Script]) -> List[str]:
@@ -177,22 +181,29 @@ def check_points(points: List[SweepPoint], args: argparse.Namespace, overrides: 
 
 
 def measure(points: List[SweepPoint], args: argparse.Namespace, overrides: List[str], script: Optional[Script],
-            sweep_dir: Path, group: str) -> Tuple[List[List[Dict[str, Any]]], Optional[str]]:
-    """Every size's run summaries, round by round, until the spread is small; and a line if it never got there."""
+            sweep_dir: Path, group: str) -> Tuple[List[List[Dict[str, Any]]], bool]:
+    """Every size's run summaries, round by round, until the spread is small; and whether it never got there.
+
+    The spread is printed once, in the report (scale_report.spread_text): a figure of the rounds so far, beside
+    the final one, would be a second figure of the same thing."""
     rounds: List[List[Dict[str, Any]]] = [[] for _ in points]
-    spreads = [0.0]
     for round_ in range(1, args.max_rounds + 1):
         for point, done in zip(points, rounds):
             done.append(run_point(point, args, overrides, sweep_dir, group, round_, script))
         key = "samples_per_s" if script is None else efficiency_basis(rounds)
-        spreads = [spread(throughputs(done, key)) for done in rounds]
-        if round_ >= args.rounds and max(spreads) <= args.spread:
-            return rounds, None
+        if round_ >= args.rounds and max(spread(throughputs(done, key)) for done in rounds) <= args.spread:
+            return rounds, False
         if round_ >= args.rounds and round_ < args.max_rounds:
-            print(f"scale: throughput spread {100 * max(spreads):.0f}% after {round_} rounds, above --spread "
-                  f"{100 * args.spread:.0f}%: another round", flush=True)
-    return rounds, (f"noisy: throughput spread up to {100 * max(spreads):.0f}% after {args.max_rounds} rounds (target "
-                    f"{100 * args.spread:.0f}%, --spread): read the efficiencies with their ranges in scale.json")
+            print(f"scale: the rounds of a size still differ by more than --spread {spread_text(args.spread)} after "
+                  f"{round_} rounds: another round", flush=True)
+    return rounds, True
+
+
+def noisy_line(rows: List[Dict[str, Any]], key: str, rounds: int, target: float) -> str:
+    """Why a sweep that never got within --spread is not to be read as scaling, in the table's own figure."""
+    return (f"noisy: {widest_spread(rows, key)} after {rounds} rounds, above the {spread_text(target)} target "
+            "(--spread): the machine's load changed between rounds, and moved these figures more than the sizes "
+            "did; read each efficiency with its range (scale.json's efficiency_range) or rerun on a quieter machine")
 
 
 def script_argv(script: Optional[Script]) -> List[str]:
@@ -217,8 +228,9 @@ def run_point(point: SweepPoint, args: argparse.Namespace, overrides: List[str],
     cmd += [f"data.batch_size={point.batch_size}"] if script is None else []
     cmd += [f"wandb.group={group}", "metrics.progress=lines", *script_argv(script)]
     batch = f"batch {point.batch_size} per worker" if script is None else f"{script_name(script)} with its own batch"
-    print(f"scale: {point.world_size} worker(s) ({point.nodes} node x {point.gpus}), {batch}, round {round_} ...",
-          flush=True)
+    size = f"{point.world_size} worker(s) ({point.nodes} node x {point.gpus})"
+    print(f"scale: {size}, {batch}, round {round_} ...", flush=True)
+    started = time.monotonic()
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = sweep_dir / "runs" / run_id
     log = sweep_dir / "logs" / f"{run_id}.log"
@@ -226,11 +238,15 @@ def run_point(point: SweepPoint, args: argparse.Namespace, overrides: List[str],
     if done.returncode != 0:
         last = (done.stdout.strip().splitlines() or ["no output"])[-1]
         raise WorkerFailedError(f"the {point.world_size}-worker run failed ({last}); see {log}")
-    summary = read_json(run_dir / "summary.json")
+    summary = SUMMARY.read(read_json(run_dir / "summary.json"))  # its fields as launcher.runtime.schema declares them
     if script is not None and summary.get("steps_per_s") is None:
         why = summary.get("metrics_note") or "no timed optimizer step"
         raise LaunchError(f"the {point.world_size}-worker run of {script_name(script)} measured no steps/s ({why}): "
                           f"scale times torch.optim optimizer steps (and needs metrics.scripts=true); see {log}")
+    figure = (f"{formatting.rate(summary['samples_per_s'])} samples/s" if summary.get("samples_per_s")
+              else f"{summary['steps_per_s']:.1f} steps/s" if summary.get("steps_per_s") else "no throughput measured")
+    print(f"scale: {size}, round {round_}: {summary.get('status')} in "
+          f"{formatting.seconds(time.monotonic() - started)}: {figure}", flush=True)
     return summary
 
 
@@ -252,9 +268,28 @@ def capacity_notice(max_workers: int, cores: Optional[int] = None, cuda_devices:
 
 
 def report(cfg: Config, mode: str, points: List[SweepPoint], rounds: List[List[Dict[str, Any]]], sweep_dir: Path,
-           group: str, notice: Optional[str], noisy: Optional[str] = None, script: Optional[Script] = None) -> int:
+           group: str, notice: Optional[str], noisy: Optional[float] = None, script: Optional[Script] = None) -> int:
+    """noisy: the --spread target the sweep never got within (None: it did)."""
+    result, columns, key = write_report(mode, points, rounds, sweep_dir, group, notice, noisy, script)
+    print_table(result, columns)
+    table = [[row.get(c) for c in columns] for row in result["sizes"]]
+    charts = {"throughput_chart": ("world_size", key, f"{HEADERS[key]} by workers"),
+              "efficiency_chart": ("world_size", "scaling_efficiency", "scaling efficiency by workers")}
+    warning = log_table(cfg.wandb, f"{group}-summary", list(columns), table, redact(to_dict(cfg)), sweep_dir, charts,
+                        {"scale_plot": sweep_dir / "scale.png"})
+    if warning:
+        print(warning, file=sys.stderr)
+    print(f"scale: wrote {sweep_dir / 'scale.json'}, scale.md and scale.png", flush=True)
+    return 0
+
+
+def write_report(mode: str, points: List[SweepPoint], rounds: List[List[Dict[str, Any]]], sweep_dir: Path, group: str,
+                 notice: Optional[str], noisy: Optional[float] = None,
+                 script: Optional[Script] = None) -> Tuple[Dict[str, Any], Sequence[str], str]:
+    """scale.json, scale.md and scale.png from every size's round summaries: (scale.json's content, the table's
+    columns, the figure efficiency comes from)."""
     result: Dict[str, Any] = {"mode": mode, "group": group, "device_type": rounds[0][0].get("device_type"),
-                              "notice": notice, "noisy": noisy, "rounds": len(rounds[0])}
+                              "notice": notice, "noisy": None, "rounds": len(rounds[0])}
     columns: Sequence[str] = COLUMNS
     if script is None:
         key, note = "samples_per_s", TRAINER_FOOTNOTE
@@ -265,17 +300,10 @@ def report(cfg: Config, mode: str, points: List[SweepPoint], rounds: List[List[D
         result["mode"], batch_note = batch_check(result["sizes"])  # what the script did, measured
         result.update(script=script_name(script), efficiency_from=key, batch_note=batch_note)
         note = footnote(key)
-    rows = result["sizes"]
+    if noisy is not None:
+        result["noisy"] = noisy_line(result["sizes"], key, len(rounds[0]), noisy)
+    result["notes"] = notes(result)  # the lines under the table, as the board shows them too
     write_json(sweep_dir / "scale.json", result)
     write_atomic(sweep_dir / "scale.md", render_markdown(result, columns, note))
-    render_plot(rows, sweep_dir / "scale.png", result["mode"], key)
-    print_table(result, columns)
-    table = [[row.get(c) for c in columns] for row in rows]
-    charts = {"throughput_chart": ("world_size", key, f"{HEADERS[key]} by workers"),
-              "efficiency_chart": ("world_size", "scaling_efficiency", "scaling efficiency by workers")}
-    warning = log_table(cfg.wandb, f"{group}-summary", list(columns), table, redact(to_dict(cfg)), sweep_dir, charts,
-                        {"scale_plot": sweep_dir / "scale.png"})
-    if warning:
-        print(warning, file=sys.stderr)
-    print(f"scale: wrote {sweep_dir / 'scale.json'}, scale.md and scale.png", flush=True)
-    return 0
+    render_plot(result["sizes"], sweep_dir / "scale.png", result["mode"], key)
+    return result, columns, key

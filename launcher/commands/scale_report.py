@@ -61,21 +61,57 @@ def scaling_rows(points: Sequence[Any], summaries: Sequence[Any]) -> List[Dict[s
             "scaling_efficiency": efficiency, "efficiency_range": [low, high],
             "comm_share": summary.get("comm_share"), "peak_memory_mb": memory, "peak_memory_kind": kind,
             "tokens_per_s": summary.get("tokens_per_s"), "run_id": summary.get("run_id"),
-            "flag": plausibility(efficiency, low, point.batch_size, base_point.batch_size),
+            "flag": plausibility(efficiency, (low, high), point.batch_size, base_point.batch_size,
+                                 rounds_range(base_all, "samples/s", base_point.world_size)),
         })
     return rows
 
 
-def plausibility(efficiency: float, low: float, batch: int, base_batch: int) -> Optional[str]:
-    """None, or why a superlinear efficiency is not to be believed as scaling."""
+def plausibility(efficiency: float, bounds: Sequence[float], batch: int, base_batch: int,
+                 base_scatter: str = "") -> Optional[str]:
+    """None, or why a superlinear efficiency is not to be believed as scaling. bounds: the efficiency's range over
+    the rounds (this size's slowest against the base's fastest, and the other way round); base_scatter: how the
+    base size's rounds ranged (rounds_range). Noise is named first: where the range holds 100%, the rounds'
+    scatter explains the figure, whatever else changed."""
     if efficiency <= SUPERLINEAR:
         return None
+    low, high = bounds
+    said = f"{100 * efficiency:.0f}%"
+    if low <= 1.0:
+        return (f"noise, not scaling ({said}): over the rounds it ranges {100 * low:.0f}% to {100 * high:.0f}%, which "
+                f"holds 100%{f' ({base_scatter})' if base_scatter else ''}: the machine's load changed between "
+                "rounds and moved the figure, not the job")
     if batch != base_batch:
-        return (f"superlinear ({100 * efficiency:.0f}%): the per-worker batch changed ({base_batch} -> {batch}), "
-                "so each worker did different work (e.g. it fit a cache); not a scaling gain")
-    noise = "within the measurements' spread" if low <= 1.0 else "beyond the measurements' spread"
-    return (f"implausible ({100 * efficiency:.0f}%, {noise}): superlinear at the same per-worker batch and data; "
-            "a noisy machine or a measuring error, not scaling")
+        return (f"superlinear ({said}, beyond the measurements' spread): the per-worker batch changed ({base_batch} -> "
+                f"{batch}), so each worker did different work (e.g. it fit a cache); not a scaling gain")
+    return (f"implausible ({said}, beyond the measurements' spread): superlinear at the same per-worker batch and data; "
+            "a measuring error or a machine that changed during the sweep, not scaling")
+
+
+def rounds_range(values: Sequence[float], unit: str, workers: int) -> str:
+    """'the 1-worker rounds ranged 93 to 435 samples/s' (empty for a single round)."""
+    if len(values) < 2:
+        return ""
+    return f"the {workers}-worker rounds ranged {min(values):,.0f} to {max(values):,.0f} {unit}"
+
+
+def spread_text(value: float) -> str:
+    """The one way a spread is printed, in the table, its notes and on the console: (largest - smallest) / median
+    of a size's rounds, as a percentage, the figure --spread bounds (a target below 1% keeps a digit: not 0%)."""
+    return f"{100 * value:.1g}%" if 0 < value < 0.005 else f"{100 * value:.0f}%"
+
+
+def widest_spread(rows: Sequence[Dict[str, Any]], key: str) -> str:
+    """'throughput spread up to 186% (the 1-worker rounds ranged 93 to 435 samples/s)': the table's largest spread
+    of the figure efficiency comes from (key), and the size it is."""
+    column = "steps_spread" if key == "steps_per_s" else "spread"
+    found = [r for r in rows if r.get(column) is not None]
+    if not found:
+        return "throughput spread unknown"
+    row = max(found, key=lambda r: r[column])
+    figures = [float(v) for v in row.get(f"{key}_rounds") or [] if v is not None]
+    scatter = rounds_range(figures, HEADERS[key], row["world_size"])
+    return f"throughput spread up to {spread_text(row[column])}" + (f" ({scatter})" if scatter else "")
 
 
 def peak_memory(summary: Dict[str, Any]) -> tuple:
@@ -91,7 +127,7 @@ def _fmt(value: Any, column: str) -> str:
     if column in ("scaling_efficiency", "comm_share"):
         return f"{100 * value:.0f}%"
     if column in ("spread", "steps_spread"):
-        return f"±{50 * value:.0f}%"
+        return spread_text(value)
     if column == "steps_per_s":
         return f"{value:,.1f}"
     if column == "batch_per_worker" and isinstance(value, float):
@@ -114,8 +150,8 @@ HEADERS = {"world_size": "workers", "nodes": "nodes", "gpus_per_node": "per node
 
 
 TRAINER_FOOTNOTE = ("Efficiency = throughput_N / (N / N0 x throughput_N0) against the smallest size N0, from the "
-                    "median throughput of each size's rounds; spread = ± half (largest - smallest) / median of a "
-                    "size's rounds; peak memory is CUDA max allocated on GPU, process RSS on CPU.")
+                    "median throughput of each size's rounds; spread = (largest - smallest) / median of a size's "
+                    "rounds, the figure --spread bounds; peak memory is CUDA max allocated on GPU, process RSS on CPU.")
 
 
 def title(result: Dict[str, Any]) -> str:
@@ -156,8 +192,25 @@ def print_table(result: Dict[str, Any], columns: Sequence[str] = COLUMNS) -> Non
         print(f"scale: {line}", flush=True)
 
 
+def round_bounds(row: Dict[str, Any], key: str) -> List[float]:
+    """A size's slowest and fastest round of the figure key (its median where rounds were not kept)."""
+    figures = [float(v) for v in row.get(f"{key}_rounds") or [] if v is not None] or [float(row[key] or 0.0)]
+    return [min(figures), max(figures)]
+
+
 def render_plot(rows: List[Dict[str, Any]], path: Path, mode: str, key: str = "samples_per_s") -> None:
-    """Throughput (key: samples_per_s, or a script's steps_per_s) and efficiency against workers, with ideal lines.
+    """scale.png: scale_figure's."""
+    fig = scale_figure(rows, mode, key)
+    import matplotlib.pyplot as plt  # after the figure chose its backend (Agg)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def scale_figure(rows: List[Dict[str, Any]], mode: str, key: str = "samples_per_s") -> Any:
+    """Throughput (key: samples_per_s, or a script's steps_per_s) and efficiency against workers, with ideal lines,
+    each size's median with error bars from its slowest to its fastest round, and every round as a dot.
 
     The ideal steps/s of a weak-scaling script stays flat: every step does more samples, not more steps.
     """
@@ -170,23 +223,31 @@ def render_plot(rows: List[Dict[str, Any]], path: Path, mode: str, key: str = "s
     tput = [r[key] for r in rows]
     base_w, base_t = workers[0], tput[0]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(workers, tput, "o-", label="measured")
+    bounds = [round_bounds(r, key) for r in rows]
+    ax1.errorbar(workers, tput, yerr=[[t - b[0] for t, b in zip(tput, bounds)], [b[1] - t for t, b in zip(tput, bounds)]],
+                 fmt="o-", capsize=4, label="measured (median; bars: slowest to fastest round)")
+    dots = [(r["world_size"], float(v)) for r in rows for v in r.get(f"{key}_rounds") or [] if v is not None]
+    if dots:
+        ax1.plot(*zip(*dots), ".", color="gray", alpha=0.6, label="each round")
     if key == "steps_per_s":
         ax1.plot(workers, [base_t for _ in workers], "--", color="gray", label="ideal (flat)")
     else:
         ax1.plot(workers, [base_t * w / base_w for w in workers], "--", color="gray", label="ideal (linear)")
     ax1.set(xlabel="workers", ylabel=HEADERS[key], title=f"throughput ({mode} scaling)")
-    ax2.plot(workers, [100 * r["scaling_efficiency"] for r in rows], "o-", label="measured")
+    efficiency = [100 * r["scaling_efficiency"] for r in rows]
+    ranges = [[100 * v for v in r.get("efficiency_range") or [r["scaling_efficiency"]] * 2] for r in rows]
+    ax2.errorbar(workers, efficiency, yerr=[[e - lo for e, (lo, _) in zip(efficiency, ranges)],
+                                            [hi - e for e, (_, hi) in zip(efficiency, ranges)]],
+                 fmt="o-", capsize=4, label="measured (bars: range over the rounds)")
     ax2.axhline(100, linestyle="--", color="gray", label="ideal (100%)")
-    ax2.set(xlabel="workers", ylabel="efficiency %", title="scaling efficiency", ylim=(0, max(110, *(100 * r["scaling_efficiency"] + 10 for r in rows))))
+    ax2.set(xlabel="workers", ylabel="efficiency %", title="scaling efficiency",
+            ylim=(0, max(110, *(hi + 10 for _, hi in ranges))))
     for ax in (ax1, ax2):
         ax.set_xticks(workers)
-        ax.legend()
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def optional_float(value: Any) -> Optional[float]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.commands.scale_report import peak_memory, plausibility, spread, throughputs
+from launcher.commands.scale_report import peak_memory, plausibility, rounds_range, spread, throughputs
 
 SCRIPT_COLUMNS = ("world_size", "nodes", "gpus_per_node", "batch_per_worker", "global_batch", "steps_per_s",
                   "steps_spread", "samples_per_s", "spread", "step_time_s_median", "speedup", "scaling_efficiency",
@@ -68,7 +68,8 @@ def script_rows(points: Sequence[Any], rounds: Sequence[Sequence[Dict[str, Any]]
             "scaling_efficiency": efficiency, "efficiency_from": basis, "efficiency_range": [low, high],
             "peak_memory_mb": memory, "peak_memory_kind": kind,
             "samples_note": summary.get("samples_note"), "run_id": summary.get("run_id"),
-            "flag": plausibility(efficiency, low, round(batch or 0), round(base_batch or 0)),
+            "flag": plausibility(efficiency, (low, high), round(batch or 0), round(base_batch or 0),
+                                 rounds_range(base_all, BASIS_WORDS[basis], base_point.world_size)),
         })
     return rows
 
@@ -121,5 +122,5 @@ def footnote(basis: str) -> str:
         formula = "steps/s_N / steps/s_N0 (samples/s could not be read at every size)"
     return (f"Efficiency = {formula} against the smallest size N0, from the median of each size's rounds; "
             "batch/worker and global batch are measured from the script's DataLoader (global_batch_size in each "
-            "run's summary.json); spread = ± half (largest - smallest) / median of a size's rounds; peak memory is "
-            "CUDA max allocated on GPU, process RSS on CPU.")
+            "run's summary.json); spread = (largest - smallest) / median of a size's rounds, the figure --spread "
+            "bounds; peak memory is CUDA max allocated on GPU, process RSS on CPU.")

@@ -12,16 +12,18 @@ and one ordinary run directory per member; sweep.json's format is shared with `l
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.errors import ConfigError
 from launcher.rundir import read_json, write_json
+from launcher.runtime.schema import Status
 from launcher.usage import OVERRIDE
 
 SWEEP_FILE = "sweep.json"
-UNFINISHED = ("pending", "running", "failed")
+UNFINISHED = (Status.PENDING, Status.RUNNING, Status.FAILED)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 NAME_MAX = 120  # member run ids stay well under a directory name's 255 bytes
 
@@ -50,6 +52,9 @@ def parse_grid(items: List[str]) -> List[Tuple[str, List[str]]]:
 
 def read_list(path: str) -> List[Dict[str, str]]:
     """--list FILE: one member per line, `key=value key=value`; blank lines and # comments skipped."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read forever, as --config says
+        what = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise ConfigError(f"sweep: --list {path} is {what}: pass a text file with one member per line")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -105,7 +110,7 @@ def new_sweep(sweep_id: str, created: float, cluster: str, keys: List[str], base
     """sweep.json's content for a new sweep: every member pending."""
     return {"kind": "sweep", "sweep_id": sweep_id, "created": created, "cluster": cluster, "keys": keys,
             "base_args": base_args,
-            "members": [{"index": i, "overrides": o, "run_dir": member_name(i, o, keys), "status": "pending"}
+            "members": [{"index": i, "overrides": o, "run_dir": member_name(i, o, keys), "status": Status.PENDING}
                         for i, o in enumerate(members)]}
 
 

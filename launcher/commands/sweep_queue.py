@@ -25,6 +25,7 @@ from launcher.errors import ConfigError
 from launcher.rundir import read_json
 from launcher.runlock import claim_folder, live_holders
 from launcher.runtime import formatting
+from launcher.runtime.schema import Status
 from launcher.usage import build_parser, split_argv
 
 STOP_WAIT_S = 60.0  # a launcher stops its workers within 15 s of Ctrl-C (checkpoint.grace_s <= 12)
@@ -108,7 +109,7 @@ def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], paralle
         for item in running:
             finish_member(sweep_dir, item, interrupted=True)
         write_sweep(sweep_dir, sweep)
-        left = [m["run_dir"] for m in sweep["members"] if m["status"] != "completed"]
+        left = [m["run_dir"] for m in sweep["members"] if m["status"] != Status.COMPLETED]
         print(f"sweep {sweep['sweep_id']}: stopped; {len(left)} member(s) unfinished; "
               f"`python -m launcher resume {sweep_dir}` runs them", file=sys.stderr, flush=True)
         raise
@@ -118,7 +119,7 @@ def run_members(sweep: Dict[str, Any], sweep_dir: Path, todo: List[int], paralle
 def report(sweep: Dict[str, Any], sweep_dir: Path) -> int:
     """The members' table and one line; the sweep's exit code: 0 when every member completed."""
     print_table(sweep, sweep_dir)
-    failed = [m for m in sweep["members"] if m["status"] != "completed"]
+    failed = [m for m in sweep["members"] if m["status"] != Status.COMPLETED]
     print(f"sweep {sweep['sweep_id']}: {len(sweep['members']) - len(failed)}/{len(sweep['members'])} members completed"
           + (f"; re-run the others with `python -m launcher resume {sweep_dir}`" if failed else ""),
           file=sys.stderr, flush=True)
@@ -139,7 +140,7 @@ def start_member(sweep_dir: Path, member: Dict[str, Any], args: List[str], slots
         slots.give_back(slot)
         log.close()
         raise
-    member["status"] = "running"
+    member["status"] = Status.RUNNING
     print(f"sweep: {member['run_dir']} started (pid {proc.pid})", file=sys.stderr, flush=True)
     return Running(member, proc, log, time.time(), slot)
 
@@ -148,14 +149,14 @@ def finish_member(sweep_dir: Path, item: Running, interrupted: bool = False) -> 
     item.log.close()
     member, code = item.member, item.proc.returncode
     result = member_result(sweep_dir, member)
-    if code == 0 and result.get("status") == "completed":
-        member["status"] = "completed"
+    if code == 0 and result.get("status") == Status.COMPLETED:
+        member["status"] = Status.COMPLETED
     else:  # stopped by Ctrl-C: unfinished (pending) for resume to run again
-        member["status"] = "pending" if interrupted else "failed"
+        member["status"] = Status.PENDING if interrupted else Status.FAILED
     took = time.time() - item.started
-    detail = result_text(result) if member["status"] == "completed" else (
+    detail = result_text(result) if member["status"] == Status.COMPLETED else (
         result.get("error") or last_line(console_log(sweep_dir, member)) or f"exit code {code}")
-    state = "interrupted" if interrupted and member["status"] == "pending" else member["status"]
+    state = Status.INTERRUPTED if interrupted and member["status"] == Status.PENDING else member["status"]
     print(f"sweep: {member['run_dir']} {state} in {formatting.seconds(took)}: {detail}", file=sys.stderr, flush=True)
 
 

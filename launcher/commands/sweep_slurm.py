@@ -14,6 +14,7 @@ from launcher.backends.slurm.records import FINAL_STATES, job_state
 from launcher.commands.sweep_plan import write_sweep
 from launcher.commands.sweep_queue import member_result, report
 from launcher.config.schema import Config
+from launcher.runtime.schema import Status
 
 POLL_S = 2.0
 
@@ -25,7 +26,7 @@ def run_array(sweep: Dict[str, Any], sweep_dir: Path, members: List[Tuple[Dict[s
     ids = submit_array(cfgs, sweep_dir / "slurm", parallel, f"launcher-{sweep['sweep_id']}")
     array_id = ids[0].split("_")[0]
     for (member, _), job_id in zip(members, ids):
-        member["status"] = "running"  # in SLURM's hands: queued or running
+        member["status"] = Status.RUNNING  # in SLURM's hands: queued or running
         member["job_id"] = job_id
     sweep["slurm_job_id"] = array_id
     write_sweep(sweep_dir, sweep)
@@ -51,8 +52,8 @@ def follow(sweep: Dict[str, Any], sweep_dir: Path, members: List[Dict[str, Any]]
                 print(f"sweep: {member['run_dir']} (SLURM {member['job_id']}): {shown}", file=sys.stderr, flush=True)
                 seen[member["job_id"]] = state
             if state in FINAL_STATES:
-                ok = state == "COMPLETED" and member_result(sweep_dir, member).get("status") == "completed"
-                member["status"] = "completed" if ok else "failed"
+                ok = state == "COMPLETED" and member_result(sweep_dir, member).get("status") == Status.COMPLETED
+                member["status"] = Status.COMPLETED if ok else Status.FAILED
                 waiting.remove(member)
                 write_sweep(sweep_dir, sweep)
         if deadline is not None and time.monotonic() > deadline:

@@ -7,7 +7,7 @@ admits up to MAX, and re-forms without a lost node while at least MIN remain (do
 
 from __future__ import annotations
 
-from typing import Union, Any, Dict, Tuple
+from typing import Union, Any, Dict, Sequence, Tuple
 
 from launcher.errors import ConfigError
 
@@ -57,9 +57,10 @@ def shown(cfg: Any) -> str:
 
 def check_elastic(cfg: Any) -> None:
     """MIN in 1..MAX, torch's options known, and an elastic job on the one rendezvous that can re-form: c10d."""
-    for key in cfg.rdzv.conf:
+    for key, value in cfg.rdzv.conf.items():
         if key not in RDZV_CONF_KEYS:
             raise ConfigError(f"rdzv.conf.{key} is not a rendezvous option: use one of {', '.join(RDZV_CONF_KEYS)}")
+        check_rdzv_option(key, value, f"rdzv.conf.{key}={value}")
     if cfg.min_nodes is not None and not 1 <= cfg.min_nodes <= cfg.nodes:
         raise ConfigError(f"min_nodes={cfg.min_nodes} must be in 1..{cfg.nodes} (--nodes MIN:MAX, e.g. --nodes 1:{cfg.nodes})")
     if not is_elastic(cfg):
@@ -72,6 +73,27 @@ def check_elastic(cfg: Any) -> None:
                           f"a fixed set of nodes: use --nodes {cfg.nodes}")
 
 
+def check_rdzv_option(key: str, value: Any, shown: str) -> None:
+    """Each option is a whole number above 0, as torch reads it (int() of the text; its timeouts must be positive):
+    refused here in one line, before anything starts, not in a torch traceback once the node meets the others."""
+    try:
+        number = None if isinstance(value, (bool, float)) else int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < 1:
+        what = RDZV_CONF_KEYS.get(key, RDZV_CONF_KEYS["join_timeout"])  # torchrun's timeout is join_timeout
+        raise ConfigError(f"{shown}: {key} is {what}, a whole number above 0: "
+                          f"e.g. {shown.partition('=')[0]}=5")
+
+
 def rdzv_options(conf: Dict[str, Any]) -> Dict[str, Any]:
     """The user's rendezvous options as torch reads them (it parses strings itself)."""
     return {key: value for key, value in conf.items() if key in RDZV_CONF_KEYS}
+
+
+def round_line(round_no: int, nodes: Sequence[str], world_size: int, least: int, most: int) -> str:
+    """What one round of an elastic job runs, said as it forms (the start line states only MIN:MAX): the agent's
+    hook after each rendezvous passes its round record (launcher.agent.membership: round, nodes, world_size)."""
+    count = len(nodes)
+    return (f"elastic round {round_no}: running {world_size} worker{'' if world_size == 1 else 's'} on {count} "
+            f"node{'' if count == 1 else 's'} (--nodes {least}:{most})")

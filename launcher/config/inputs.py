@@ -31,11 +31,50 @@ def check_override(item: str) -> Tuple[str, str]:
     if not all(key.split(".")):
         raise ConfigError(f"override {key}=...: the key has an empty part (a '.' at its start or end, or '..'): "
                           f"write it like trainer.steps=50")
+    if "\n" in value or "\r" in value:  # YAML folds a line break into a space: s3://b/a<newline>b became s3://b/a b
+        raise ConfigError(f"override {key}=...: the value holds a line break, which would be read as a space: "
+                          "retype it on one line")
     check_override_value(key, value)
     if key == "run_id" and _has_control_characters(value.strip()):  # the text YAML keeps: a plain scalar loses its outer blanks
         check_run_id(value.strip())  # said here: the YAML reader of omegaconf 2.3 (Hydra's pin) fails on a tab, "not valid YAML"
-    load_yaml(value, f"override {key}=...: the value", fix=None)  # its limits; OmegaConf reads it (load_config)
-    return key, value
+    check_keys(load_yaml(value, f"override {key}=...: the value", fix=None), f"override {key}=...: the value", key)
+    return key, value  # load_yaml: its limits; OmegaConf reads it (load_config)
+
+
+def misread_override(word: str) -> Optional[str]:
+    """Why a bare word that names no file is a key=value override gone wrong (it was taken for the script's path:
+    the key holds characters a config key cannot), else None."""
+    key, eq, value = word.partition("=")
+    if not eq or "/" in key:
+        return None
+    if not key:
+        return f"'{_shown(word)}' has no key before '=': write an override like trainer.steps=50"
+    if not is_utf8(key):
+        return (f"override {_shown(key)}=...: the key holds bytes that are not UTF-8 text: config keys are names "
+                "of letters, digits, '_' and '.'; retype it (check the terminal's encoding)")
+    if key.rstrip("-+") != key and OVERRIDE.match(f"{key.rstrip('-+')}="):  # trainer.steps-=5: no operators here
+        return f"override {key}=...: '{key[len(key.rstrip('-+')):]}=' is not an override's form: write " \
+               f"{key.rstrip('-+')}={_shown(value)}"
+    fixed = key.strip("-").replace("-", "_")
+    if fixed != key and OVERRIDE.match(f"{fixed}="):
+        return f"override {key}=...: config keys are spelled with '_', not '-': write {fixed}={_shown(value)}"
+    return (f"override {_shown(key)}=...: '{_shown(key)}' is not a config key (letters, digits, '_' and '.'): "
+            "write it like trainer.steps=50 (`python -m launcher --show-config` lists the keys)")
+
+
+def check_keys(data: Any, where: str, prefix: str = "") -> None:
+    """Every key of a mapping (a config file, an override's {..} value) is a name: YAML lets '' and null be keys."""
+    if isinstance(data, list):
+        for item in data:
+            check_keys(item, where, prefix)
+    if not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        if key is None or (isinstance(key, str) and not key.strip()):
+            under = f" under '{prefix}'" if prefix else ""
+            raise ConfigError(f"{where} holds an empty (or null) key{under}: give each value its key's name, "
+                              "e.g. trainer: {steps: 50}")
+        check_keys(value, where, f"{prefix}.{key}" if prefix else str(key))
 
 
 def is_utf8(text: str) -> bool:
@@ -69,6 +108,7 @@ def check_override_value(key: str, value: str) -> None:
 def parse_yaml_mapping(text: str, where: str) -> Any:
     """A config file's text -> its top-level mapping, or an error naming what it is instead."""
     data = load_yaml(text, where)
+    check_keys(data, where)
     if data is None:
         raise ConfigError(f"{where} is empty: a config file holds key: value lines, e.g. `trainer: {{steps: 50}}`")
     if not isinstance(data, dict):
@@ -123,11 +163,11 @@ def section_given_a_value(schema: type, data: Any, prefix: str = "") -> Optional
     if not isinstance(data, dict):
         return None
     for f in dataclasses.fields(schema):
-        if f.name not in data or not dataclasses.is_dataclass(f.default_factory):  # type: ignore[misc]
+        if f.name not in data or not dataclasses.is_dataclass(f.default_factory):
             continue
         if not isinstance(data[f.name], dict):
             return f"{prefix}{f.name}"
-        inner = section_given_a_value(f.default_factory, data[f.name], f"{prefix}{f.name}.")  # type: ignore[misc]
+        inner = section_given_a_value(f.default_factory, data[f.name], f"{prefix}{f.name}.")
         if inner:
             return inner
     return None

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from launcher import configs as shipped_configs
-from launcher.config.inputs import check_no_tilde
+import launcher.configs as shipped_configs
+from launcher.config.inputs import check_no_tilde, misread_override
 from launcher.errors import ConfigError
 from launcher.runtime.formatting import first_line
-from launcher.trainers.checkpoint.objects import missing_implementation
+from launcher.runtime.objects import unusable
 
 CONFIG_DIR = Path(shipped_configs.__file__).resolve().parent  # the repository's configs/, installed as launcher.configs
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, hdfs://, file://: not a local path
@@ -47,7 +47,7 @@ def check_script(path: str, module: bool) -> None:
     elif os.path.isdir(path):
         raise ConfigError(f"script {path} is a directory: pass a .py file, or -m package.module")
     elif not os.path.isfile(path):
-        raise ConfigError(f"script {path} does not exist: check the path (or use -m for a module)")
+        raise ConfigError(misread_override(path) or f"script {path} does not exist: check the path (or use -m for a module)")
 
 
 def check_module(name: str) -> None:
@@ -105,8 +105,11 @@ def check_store_url(url: str, key: str) -> None:
         raise ConfigError(f"{key}: credentials do not belong in the URL (they would be recorded with the run): "
                           f"write {scheme}://BUCKET/PREFIX and set them in the environment (AWS_ACCESS_KEY_ID, "
                           "AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
-    if not rest.strip("/"):
-        raise ConfigError(f"{key}={url} names no bucket: write {scheme}://BUCKET/PREFIX")
-    problem = missing_implementation(url)
+    problem = unusable(url)  # a bucket, a scheme that keeps a record, its package (launcher.runtime.store_problems)
     if problem:
-        raise ConfigError(f"{key}={url}: {problem}")
+        raise ConfigError(f"{key}={shown(url)}: {problem}")
+
+
+def shown(url: str) -> str:
+    """A URL for a one-line message: its control characters escaped, so the line stays one and says what it holds."""
+    return url.encode("unicode_escape", "backslashreplace").decode("ascii") if not url.isprintable() else url

@@ -62,8 +62,11 @@ def split_endpoint(endpoint: str) -> Tuple[str, int]:
     """'HOST:PORT' (or '[v6]:PORT') -> (host, port), or a ConfigError naming the expected form."""
     host, sep, port_text = endpoint.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit():
+    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
         raise ConfigError(f"--rdzv-endpoint {endpoint} is not HOST:PORT: write it like node0.example.com:29400")
+    if int(port_text) == 0:  # torchrun's one-node meaning of port 0 is taken before this (launcher.config.torchrun_flags)
+        raise ConfigError(f"--rdzv-endpoint {endpoint}: port 0 (a free port) is for one node, which needs no "
+                          "endpoint: leave --rdzv-endpoint out, or give the port the nodes meet on, e.g. HOST:29400")
     check_port(int(port_text), "--rdzv-endpoint port")
     return host, int(port_text)
 
@@ -106,6 +109,8 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
         host, port = split_endpoint(cfg.rdzv.endpoint)
         fields.update(rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
                       rdzv_id=_UNSAFE_ID_CHARS.sub("_", cfg.rdzv.id) if cfg.rdzv.id else run_id)
+    if cfg.rdzv.torchelastic_run_id is not None:  # torch's run id (the workers' TORCHELASTIC_RUN_ID), as torchrun's
+        fields.update(rdzv_id=cfg.rdzv.torchelastic_run_id)
     if mode in ("static", "c10d"):  # a job across machines: its nodes sign what they share (docs/security.md)
         fields.update(rdzv_secret_file=cfg.rdzv.secret_file)
     return fields

@@ -1,7 +1,10 @@
 """What counts as a secret in a record of a run, and the redaction every record goes through.
 
-Records are config.yaml, plan.json, env/*.json, the dry-run print-out and the config sent to W&B. The
-workers themselves get the real values: only what is written down or shown is redacted.
+Records are config.yaml, plan.json, env/*.json, the dry-run print-out and the config and command line sent to W&B.
+The workers themselves get the real values: only what is written down or shown is redacted. A secret is known by
+its name (a key or flag named like one), by its shape (a token with a known prefix, wherever it stands in a value)
+or, after `=`, by looking random (looks_random: the mix of cases and digits of a generated key, which names, paths,
+numbers and run ids do not have).
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ _SECRET_NAME = re.compile(r"(api[-_]?key|(^|[-_])(key|auth)$|token|secret|passw(
 _SECRET_VALUE = re.compile(
     r"^([0-9a-f]{40}|(AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}"
     r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})$")
-# In free text (a saved git diff): the same shapes inside a line (not 40 hex digits: diffs name commits),
-# and the value of an assignment to a secret-named variable (API_KEY = "...", token: ...).
+# Inside any value or free text (a list override, a saved git diff): the same shapes as a word of their own, not
+# glued to letters before them (`task-...` holds no `sk-` key); not 40 hex digits, which name commits in diffs.
 _SECRET_IN_TEXT = re.compile(
-    r"((AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}"
-    r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})")
+    r"(?<![A-Za-z0-9])((AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{22,}"
+    r"|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})")
+# A word of a value after `=` that may be a generated key (base64, base62: 20 characters or more), for looks_random.
+_WORD = re.compile(r"(?<![A-Za-z0-9+/_.=-])[A-Za-z0-9+/_-]{20,}={0,2}(?![A-Za-z0-9+/_.=-])")
+# A lower-case letter between two capitals or digits, or a digit between two letters: what a random mix of cases
+# and digits is full of (about one in seven characters) and words, names and versions rarely hold.
+_ODD = re.compile(r"(?<=[A-Z0-9])[a-z](?=[A-Z0-9])|(?<=[A-Za-z])[0-9](?=[A-Za-z])")
 _SECRET_ASSIGNMENT = re.compile(
     r"(?i)((?:api[-_]?key|[A-Za-z0-9]*[-_]key|token|secret|passw(?:or)?d|credential)[\w-]*[\"']?\s*[:=]\s*[\"']?)([^\s\"',;]+)")
 # Credentials in a URL, anywhere in a string: scheme://user:PASSWORD@host, or scheme://USERINFO@host.
@@ -43,6 +51,17 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name.lstrip("-")))
 
 
+def looks_random(word: str) -> bool:
+    """Whether a word reads as a generated key: 20 characters or more of letters of both cases and digits, with a
+    lower-case letter between capitals or digits, or a digit between letters, at least every 12 characters (at
+    least 3). Model names (Llama-3.1-8B-Instruct), paths, run ids, numbers and hex digests do not."""
+    if len(word) < 20 or word.startswith("/") or not _WORD.fullmatch(word):
+        return False
+    if not (re.search("[a-z]", word) and re.search("[A-Z]", word) and re.search("[0-9]", word)):
+        return False
+    return len(_ODD.findall(word)) >= max(3, len(word) / 12)
+
+
 def redact(value: Any) -> Any:
     """A copy of a record (dicts, lists, tuples, strings) with every secret replaced by <redacted>."""
     if isinstance(value, dict):
@@ -51,8 +70,18 @@ def redact(value: Any) -> Any:
         items = redact_argv([v for v in value])
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, str):
-        return REDACTED if _SECRET_VALUE.match(value) else redact_urls(value)
+        return REDACTED if _SECRET_VALUE.match(value) or looks_random(value) else redact_urls(_redact_words(value))
     return value
+
+
+def _redact_words(text: str) -> str:
+    """Key-shaped words anywhere in text (`wandb.tags=[ok,ghp_...]`), and random-looking ones after its first `=`."""
+    text = _SECRET_IN_TEXT.sub(REDACTED, text)
+    name, eq, rest = text.partition("=")
+    if not eq or len(rest) < 20:
+        return text
+    return name + eq + _WORD.sub(lambda m: REDACTED if looks_random(m.group()) or _SECRET_VALUE.match(m.group())
+                                 else m.group(), rest)
 
 
 def redact_urls(text: str) -> str:

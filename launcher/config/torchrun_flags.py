@@ -1,4 +1,4 @@
-"""torchrun's command line (torch 2.6-2.13) in the launcher's own terms: `python -m launcher` accepts every flag of
+"""torchrun's command line (torch 2.7-2.15) in the launcher's own terms: `python -m launcher` accepts every flag of
 `torchrun --help`, in both spellings, and turns them into its own flags and key=value overrides before its parser
 runs; a flag that cannot mean here what it means to torchrun is refused in one line (exit 2), never dropped.
 
@@ -9,10 +9,11 @@ becomes is docs/torchrun.md#replace-torchrun; keep the two alike.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from launcher.config.elastic import RDZV_CONF_KEYS, parse_nodes
+from launcher.config.elastic import RDZV_CONF_KEYS, check_rdzv_option, parse_nodes
 from launcher.config.inputs import OVERRIDE
 from launcher.config.rendezvous import split_endpoint
 from launcher.errors import ConfigError
@@ -26,7 +27,7 @@ VALUED = {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "
           "--max-restarts", "--monitor-interval", "--start-method", "--event-log-handler", "--role", "--log-dir",
           "--redirects", "--tee", "--local-ranks-filter", "--duplicate-stdout-filters", "--duplicate-stderr-filters",
           "--node-rank", "--master-addr", "--master-port", "--local-addr", "--logs-specs", "--numa-binding",
-          "--signals-to-handle", "--shutdown-timeout"}
+          "--signals-to-handle", "--shutdown-timeout", "--log-line-prefix-template", "--print-completion"}
 SHORT = {"-r": "--redirects", "-t": "--tee"}
 # Spelled alike by the launcher: on their own (no flag below) they keep the launcher's meaning.
 SHARED = {"--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint", "--rdzv-id", "--max-restarts"}
@@ -45,6 +46,9 @@ REFUSED = {
                             "CUDA_VISIBLE_DEVICES in your script",
     "--signals-to-handle": "the launcher itself handles SIGINT, SIGTERM and SIGHUP (a checkpoint, then a stop): "
                            "drop it",
+    "--log-line-prefix-template": "each rank's console lines are prefixed [rank<k>]: and its log file holds them "
+                                  "unprefixed (docs/run-directory.md): drop it",
+    "--print-completion": "it prints torchrun's own shell completion: run torchrun --print-completion for that",
 }
 # Values of a refused flag that ask for what the launcher does anyway: accepted.
 HARMLESS = {"--event-log-handler": {"null"}, "--duplicate-stdout-filters": {""},
@@ -52,6 +56,7 @@ HARMLESS = {"--event-log-handler": {"null"}, "--duplicate-stdout-filters": {""},
 RDZV_CONF = {"join_timeout": "rdzv.timeout_s", "timeout": "rdzv.timeout_s"}
 START_METHODS = {"spawn": "spawn", "fork": "fork", "forkserver": "fork"}  # forkserver: the zygote is one
 LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+C10D_PORT = 29400  # torch's c10d rendezvous port where --rdzv-endpoint names only a host (torchrun's docs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Host:
 
     cuda_count: Callable[[], int]
     cpu_count: Callable[[], int]
+    fresh_id: Callable[[], str] = lambda: str(uuid.uuid4())  # torchrun's run id on one node (--standalone)
 
 
 def _cuda_count() -> int:
@@ -177,7 +183,7 @@ def translate(found: Scan, host: Host, note: Callable[[str], None]) -> Tuple[Lis
         if flag in given:
             flags += [SAME_AS.get(flag, flag), given[flag]]
     flags += rendezvous_flags(given, nodes, note)
-    return flags, overrides(given)
+    return flags, [*overrides(given), run_id_override(given, nodes, host)]
 
 
 def _launcher_nodes(ours: List[str]) -> int:
@@ -210,8 +216,10 @@ def nnodes(text: str) -> int:
 
 def nproc_per_node(text: str, host: Host) -> int:
     """torchrun's --nproc-per-node: a number, gpu (CUDA devices), cpu (cores) or auto (GPUs if any, else cores)."""
-    if text.isdigit():
-        return int(text)
+    try:
+        return int(text)  # as torchrun reads it: any sign and range, checked afterwards as --gpus
+    except ValueError:
+        pass
     if text == "cpu":
         return host.cpu_count()
     if text in ("gpu", "auto"):
@@ -233,7 +241,8 @@ def rendezvous_flags(given: Dict[str, str], nodes: int, note: Callable[[str], No
     endpoint, rank = given.get("--rdzv-endpoint"), given.get("--node-rank")
     if "--standalone" in given:
         if nodes > 1:
-            raise ConfigError(f"--standalone is one machine, --nnodes {nodes} is several: drop one of them")
+            raise ConfigError(f"--standalone is one machine, {_nodes_given(given, nodes)} asks for up to {nodes}: "
+                              "drop --standalone (the nodes then meet at --rdzv-endpoint HOST:PORT), or give --nnodes 1")
         ignored = [f for f in ("--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--node-rank", "--master-addr",
                                "--master-port") if f in given]
         for flag in ignored:
@@ -248,6 +257,13 @@ def rendezvous_flags(given: Dict[str, str], nodes: int, note: Callable[[str], No
         for flag in ("--node-rank", "--master-addr", "--master-port"):
             if flag in given:
                 note(f"note: {flag} ignored: it is for the static rendezvous, and torchrun ignores it with c10d")
+        endpoint, c10d_port = c10d_endpoint(endpoint)
+        if c10d_port == 0:  # torchrun's "stacked single-node" line: the one node's agent picks a free port
+            if nodes > 1:
+                raise ConfigError(f"--rdzv-endpoint {given['--rdzv-endpoint']}: port 0 picks a free port, which the "
+                                  f"other nodes of {_nodes_given(given, nodes)} cannot know: give the port they "
+                                  f"meet on, e.g. --rdzv-endpoint HOST:{C10D_PORT}")
+            return _local_addr(given, single=True)
         return ["--rdzv-endpoint", endpoint, *_rdzv_id(given), *_local_addr(given, single=False)]
     if not endpoint and "--master-port" not in given and nodes == 1:  # torchrun: a local c10d store on a free port
         for flag in ("--master-addr", "--rdzv-id"):
@@ -261,6 +277,31 @@ def rendezvous_flags(given: Dict[str, str], nodes: int, note: Callable[[str], No
                   else (given.get("--master-addr", "127.0.0.1").strip("[]"), given.get("--master-port", "29500")))
     return ["--node-rank", rank or "0", "--master-addr", addr, "--master-port", str(port),
             *_rdzv_id(given), *_local_addr(given, single=nodes == 1 and addr.startswith(LOOPBACK))]
+
+
+def _nodes_given(given: Dict[str, str], nodes: int) -> str:
+    """How the line asked for its nodes: torchrun's --nnodes as written, else the launcher's --nodes (the most)."""
+    return f"--nnodes {given['--nnodes']}" if "--nnodes" in given else f"--nodes {nodes}"
+
+
+def c10d_endpoint(endpoint: str) -> Tuple[str, int]:
+    """torchrun's c10d --rdzv-endpoint HOST[:PORT] -> (HOST:PORT, PORT): no port is torch's 29400; 0 is a free one."""
+    text = endpoint.strip()
+    if ":" not in text or (text.startswith("[") and text.endswith("]")):  # a host (or [v6] address) alone
+        text = f"{text}:{C10D_PORT}"
+    port = text.rpartition(":")[2]
+    if port.isascii() and port.isdigit() and int(port) == 0:
+        return text, 0
+    return text, split_endpoint(text)[1]
+
+
+def run_id_override(given: Dict[str, str], nodes: int, host: Host) -> str:
+    """The workers' TORCHELASTIC_RUN_ID as torchrun gives it (torch.distributed.run.run): a fresh uuid where torchrun
+    picks the rendezvous itself (--standalone, or one node with no rendezvous flag), else --rdzv-id, 'none' unless given."""
+    picks_itself = ("--standalone" in given or nodes == 1 and given.get("--rdzv-backend", "static") == "static"
+                    and "--rdzv-endpoint" not in given and "--master-port" not in given)
+    value = host.fresh_id() if picks_itself else given.get("--rdzv-id", "none")
+    return "rdzv.torchelastic_run_id='" + value.replace("'", "''") + "'"  # quoted: YAML would read 101 as a number
 
 
 def _rdzv_id(given: Dict[str, str]) -> List[str]:
@@ -305,11 +346,12 @@ def overrides(given: Dict[str, str]) -> List[str]:
 
 
 def local_ranks(text: str) -> str:
-    """--local-ranks-filter 0,1,2 -> '0,1,2' once every item is a local rank."""
-    items = text.split(",")
-    if not all(item.strip().isdigit() for item in items):
-        raise ConfigError(f"--local-ranks-filter {text}: expects local ranks joined by commas, e.g. 0 or 0,1")
-    return ",".join(item.strip() for item in items)
+    """--local-ranks-filter 0,1,2 -> '0,1,2', each item read with int() as torchrun reads it ('²' passed isdigit())."""
+    try:
+        ranks = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--local-ranks-filter {text}: expects local ranks joined by commas, e.g. 0 or 0,1") from None
+    return ",".join(map(str, ranks))
 
 
 def rdzv_conf(text: str) -> List[str]:
@@ -319,6 +361,8 @@ def rdzv_conf(text: str) -> List[str]:
     out = []
     for item in filter(None, text.split(",")):
         key, _, value = item.strip().partition("=")
+        if key in RDZV_CONF or key in RDZV_CONF_KEYS:
+            check_rdzv_option(key, value, f"--rdzv-conf {item.strip()}")
         if key in RDZV_CONF:
             out.append(f"{RDZV_CONF[key]}={value}")
         elif key in RDZV_CONF_KEYS:

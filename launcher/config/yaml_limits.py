@@ -32,12 +32,16 @@ class _Refused(Exception):
     """A limit the document broke: the reason, as the one line will say it."""
 
 
+# The YAML types a config holds (what OmegaConf takes); another tag (!!set, !!binary, !!omap, ...) is refused
+TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq"))
+
+
 class LimitedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases and nesting deeper than MAX_YAML_DEPTH while composing."""
+    """SafeLoader that refuses aliases, tags other than TAGS and nesting deeper than MAX_YAML_DEPTH while composing."""
 
     _depth = 0
 
-    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> Optional[yaml.Node]:  # type: ignore[override]
+    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> Optional[yaml.Node]:
         if self.check_event(yaml.AliasEvent):
             raise _Refused("uses a YAML alias (*name), which is refused here (an alias can expand without bound): "
                            "write the value out")
@@ -45,11 +49,16 @@ class LimitedLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_YAML_DEPTH:
                 raise _Refused(f"nests deeper than {MAX_YAML_DEPTH} levels, the limit: flatten it")
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        if node is not None and node.tag not in TAGS:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise _Refused(f"uses the YAML tag {tag} (line {node.start_mark.line + 1}), which is refused here: "
+                           "write a plain value, a list [a, b] or a mapping {k: v}")
+        return node
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:  # type: ignore[override]
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
         seen = set()
         for key_node, _ in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None

@@ -2,10 +2,13 @@
 
 A job still writes its run directory on a local file system (rank logs, heartbeats, the watchdog and the locks
 need one): a private staging folder (mkdtemp: 0700, new, ours) under the system's temp directory. An Uploader
-copies the run record (RECORD_FILES, RECORD_DIRS) to <url>/<run_id>/ every INTERVAL_S while the job runs (only
-files whose size or time changed) and completely when it ends, however it ends. Every node of a multi-node job
-has its own staging folder (Staging) and removes it once nothing more is needed from it: the head once the whole
-record is up, another node once its files reached the head (launcher.backends.mirror). Checkpoints default to <url>/<run_id>/checkpoints (trainers.checkpoint.objects).
+copies the run record (RECORD_FILES, RECORD_DIRS) to <url>/<run_id>/ as soon as the run's config.yaml and plan.json
+are written, each time the built-in trainer publishes a checkpoint, every INTERVAL_S while the job runs (only files
+whose size or time changed) and completely when it ends, however it ends: a launcher killed in its first seconds
+leaves a run that `ls` lists and `resume` continues. Every node of a multi-node job has its own staging folder
+(launcher.objectstore.staging) and removes it once nothing more is needed from it: the head once the whole record
+is up, another node once its files reached the head (launcher.backends.mirror). Checkpoints default to
+<url>/<run_id>/checkpoints (launcher.runtime.objects).
 
 `ls`, `logs` and `status` read a record back into a private temporary folder and read that as a run directory:
 only object names of the record's own shapes are taken, each of bounded size, written below that folder through
@@ -30,9 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher.errors import ConfigError
-from launcher.runtime import safefs
+from launcher.objectstore.staging import left_behind
+from launcher.runtime import safefs, store_problems
 from launcher.runtime.formatting import first_line
-from launcher.trainers.checkpoint.objects import filesystem, is_url, join, preflight
+from launcher.runtime.goodput import kept_steps
+from launcher.runtime.objects import filesystem, is_url, join, preflight, unusable
+from launcher.runtime.schema import Status
 
 if TYPE_CHECKING:  # `ls` and `logs` import this module and need no config
     from launcher.config.schema import Config
@@ -44,49 +50,12 @@ INDEX_FILES = frozenset(("config.yaml", "plan.json", "summary.json", "job.json")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}$")  # one path component: no '..', no leading dot
 MAX_DEPTH = 3  # logs/<attempt folder>/rank-0.log at most
 INTERVAL_S = 30.0  # while the job runs, how often changed files go up
+POLL_S = 1.0  # how often the uploader looks for the run's start and a new checkpoint (a directory listing, no network)
 LIVE_S = 3 * INTERVAL_S  # a record without summary.json that changed this recently is a running job's
 MAX_INDEX_BYTES = 1 << 20  # summary.json, config.yaml, ... larger than this are not a launcher's: not read
 MAX_FILE_BYTES = 64 << 20  # a longer log is read from its last 64 MiB
 TAIL_BYTES = 8192  # metrics.jsonl's tail, for `ls` (launcher.runindex reads no more)
 Stat = Tuple[int, int]
-
-
-def staging_top(output_dir: str, make: bool) -> str:
-    """Where runs go on this machine: output_dir itself, or for a URL a new private staging folder."""
-    if not is_url(output_dir):
-        return output_dir
-    if not make:  # a dry run: the plan shows the shape of the path; nothing is made
-        return os.path.join(tempfile.gettempdir(), "launcher-staging-XXXXXXXX")
-    return tempfile.mkdtemp(prefix="launcher-staging-")
-
-
-class Staging:
-    """A launch's staging folder (staging_top), removed by that launch once nothing more is needed from it: on the
-    head once the whole record is up, on another node once the job ended and its files reached the head. Only the
-    folder made here goes: never a link, nor a folder put in its place (rmtree follows no link below it either)."""
-
-    def __init__(self, output_dir: str, make: bool) -> None:
-        self.path = staging_top(output_dir, make)
-        self._made: Optional[Stat] = None  # (device, inode) of the folder mkdtemp made, while it is ours to remove
-        if make and is_url(output_dir):
-            st = os.lstat(self.path)
-            self._made = (st.st_dev, st.st_ino)
-
-    def keep(self, why: Optional[str] = None) -> None:
-        """Something in it is needed still (an upload failed, files did not reach the head): it stays, named."""
-        if self._made is not None and why:
-            log.warning(why)
-        self._made = None
-
-    def remove(self) -> None:
-        """Remove the folder made here, unless kept; a no-op for a local output_dir or a dry run."""
-        made, self._made = self._made, None
-        try:
-            st = os.lstat(self.path) if made is not None else None
-        except OSError:
-            return
-        if st is not None and stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == made:
-            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def check_store(cfg: Config) -> None:
@@ -132,10 +101,11 @@ def local_record(run_dir: Path) -> Dict[str, Stat]:
 
 
 class Uploader:
-    """Copies a run directory's record to <url>/<run_id>/: changed files every INTERVAL_S, all of them at close()."""
+    """Copies a run directory's record to <url>/<run_id>/: once the run has its config and plan, then changed files at
+    each checkpoint the launch that started at `started` publishes and every INTERVAL_S, all of them at close()."""
 
-    def __init__(self, url: str, run_dir: Path) -> None:
-        self.url, self.run_dir = join(url, run_dir.name), run_dir
+    def __init__(self, url: str, run_dir: Path, started: float) -> None:
+        self.url, self.run_dir, self.started = join(url, run_dir.name), run_dir, started
         self.sent: Dict[str, Stat] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-record-upload", daemon=True)
@@ -146,9 +116,16 @@ class Uploader:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(INTERVAL_S):
+        synced, kept = None, kept_steps(self.run_dir, self.started)  # when it last synced (monotonic); checkpoints
+        while not self._stop.wait(POLL_S):
+            now, published = time.monotonic(), kept_steps(self.run_dir, self.started)
+            if synced is None and not all((self.run_dir / name).is_file() for name in ("config.yaml", "plan.json")):
+                continue  # not started yet: the first upload is the run's config and plan
+            if synced is not None and published == kept and now - synced < INTERVAL_S:
+                continue
+            synced, kept = now, published
             problem = self.sync()
-            if problem and not self._warned:  # the job goes on; the final upload tries again
+            if problem and not self._warned:  # the job goes on; the next sync and the final upload try again
                 self._warned = True
                 log.info(f"run record not uploaded to {self.url} yet ({problem}); trying again")
 
@@ -183,9 +160,9 @@ class Uploader:
         return True
 
 
-def uploader(cfg: Config, run_dir: Path, head: bool) -> Optional[Uploader]:
+def uploader(cfg: Config, run_dir: Path, head: bool, started: float) -> Optional[Uploader]:
     """The run's uploader where output_dir is a URL and this node reports the job (the others' files reach it)."""
-    return Uploader(cfg.output_dir, run_dir) if is_url(cfg.output_dir) and head else None
+    return Uploader(cfg.output_dir, run_dir, started) if is_url(cfg.output_dir) and head else None
 
 
 def _modified(info: Dict[str, Any]) -> Optional[float]:
@@ -267,19 +244,35 @@ def _fetch(url: str, whole: bool, only: Optional[str] = None) -> Tuple[Path, Dic
     return top, newest, checkpoints
 
 
-def list_runs(url: str) -> List[Dict[str, Any]]:
-    """`ls URL`: one row per run recorded under url, as launcher.runindex makes them, named by their URLs."""
+def _fetched(url: str, whole: bool, only: Optional[str] = None) -> Tuple[Path, Dict[str, float], set]:
+    """_fetch, or why the store cannot be read, in one line (launcher.runtime.store_problems)."""
+    problem = unusable(url) or store_problems.endpoint_problem(url)
+    if problem:
+        raise ConfigError(f"{url}: {problem}")
+    try:
+        return _fetch(url, whole, only)
+    except Exception as e:  # the store client's errors, whose classes need its imports
+        if not store_problems.is_store_error(e):
+            raise
+        raise ConfigError(f"{url}: {store_problems.explain(e, url, 'the URL')}") from e
+
+
+def list_runs(url: str, ended: Optional[Dict[str, Path]] = None) -> List[Dict[str, Any]]:
+    """`ls URL`: one row per run recorded under url, as launcher.runindex makes them, named by their URLs. ended: the
+    runs whose launcher is known gone (launcher.objectstore.staging.left_behind, by default looked up here)."""
     from launcher.runindex import list_runs as index  # rows from files, as for a local output_dir
 
-    top, newest, _ = _fetch(url, whole=False)
-    now = time.time()
+    top, newest, _ = _fetched(url, whole=False)
+    now, ended = time.time(), left_behind(url) if ended is None else ended
     rows = index(top, now)
     for row in rows:
         local, remote = row["path"], join(url, row["run_id"])
         row["command"] = row["command"].replace(shlex.quote(local), shlex.quote(remote))
         row["path"] = remote
-        if row["status"] in ("dead", "unknown") and now - newest.get(row["run_id"], 0.0) < LIVE_S:
-            row["status"] = "running"  # its uploader wrote lately: no summary yet because it has not ended
+        if row["run_id"] in ended:  # its launcher's staging folder is here, the launcher gone: not running
+            continue
+        if row["status"] in (Status.DEAD, Status.UNKNOWN) and now - newest.get(row["run_id"], 0.0) < LIVE_S:
+            row["status"] = Status.RUNNING  # its uploader wrote lately: no summary yet because it has not ended
             row["command"] = f"python -m launcher logs {shlex.quote(remote)}"
     return rows
 
@@ -289,7 +282,7 @@ def fetch_run(url: str) -> Path:
     parent, _, run_id = url.rstrip("/").rpartition("/")
     if not NAME.match(run_id) or "://" not in parent:
         raise ConfigError(f"{url} names no run: pass URL/RUN_ID (`python -m launcher ls URL` lists them)")
-    top, _, _ = _fetch(parent, whole=True, only=run_id)
+    top, _, _ = _fetched(parent, whole=True, only=run_id)
     run_dir = top / run_id
     if not any((run_dir / name).is_file() for name in ("plan.json", "config.yaml")):
         raise ConfigError(f"no run recorded at {url}: `python -m launcher ls {parent}` lists the runs there")

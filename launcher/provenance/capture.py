@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from launcher import trainers as shipped_trainers
 from launcher.config.secrets import REDACTED, redact, redact_argv, redact_text
 
 ENV_DIR = "env"
@@ -128,8 +127,9 @@ def installed_packages() -> List[List[str]]:
 
 
 def script_facts(script: Optional[str], module: bool) -> Dict[str, Any]:
-    if script is None:
-        trainer = Path(shipped_trainers.__file__).resolve().parent / "train.py"
+    if script is None:  # the built-in trainer's file, found without importing it
+        package = importlib.util.find_spec("launcher.trainers")
+        trainer = Path(package.origin if package and package.origin else "").resolve().parent / "train.py"
         return {"kind": "built-in trainer", "path": str(trainer), "sha256": _sha256(trainer)}
     path = _module_file(script) if module else Path(script)
     facts: Dict[str, Any] = {"kind": "module" if module else "script", "name": script}
@@ -231,7 +231,9 @@ def _assignments(path: Path, names: tuple) -> Dict[str, Any]:
         return {}
     found: Dict[str, Any] = {}
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if not isinstance(node, (ast.AnnAssign, ast.Assign)):
+            continue
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
         if isinstance(target, ast.Name) and target.id in names and node.value is not None:
             try:
                 found[target.id] = ast.literal_eval(node.value)

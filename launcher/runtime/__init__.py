@@ -1,1 +1,2 @@
-"""The worker-side contract: the only launcher code trainers (and users' scripts) import."""
+"""The worker-side contract and the run records' formats (schema.py): the only launcher code trainers (and users'
+scripts) import."""

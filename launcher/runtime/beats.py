@@ -63,14 +63,15 @@ def _registered_path() -> Optional[str]:
 def heartbeat() -> None:
     """Tell the watchdog this rank made progress. Cheap enough to call every step."""
     global _last_beat
-    if _path is None and (_looked or _registered_path() is None):
+    path = _path if _path is not None or _looked else _registered_path()
+    if path is None:
         return
     now = time.monotonic()
     if now - _last_beat < BEAT_INTERVAL_S:
         return
     _last_beat = now
     try:
-        os.utime(_path, follow_symlinks=False)  # a link planted in its place is touched itself, never its target
+        os.utime(path, follow_symlinks=False)  # a link planted in its place is touched itself, never its target
     except OSError:
         pass  # the run directory went away: nothing to watch any more
 

@@ -6,7 +6,7 @@ Here (in the worker-side package) because the trainers print the same figures as
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional
 
 # (unit, seconds) from the largest: an age prints in the largest unit it has one of
 AGE_UNITS = (("d", 86400), ("h", 3600), ("m", 60))
@@ -47,3 +47,25 @@ def first_line(text: object) -> str:
     YAML's errors and a command's stderr more lines: those are for a log file, not a one-line error."""
     lines = str(text).strip().splitlines() if text is not None else []
     return lines[0].strip() if lines else ""
+
+
+def clock(wall: Optional[float], dated: bool = False) -> str:
+    """A wall time as local time: '00:46:28' today, '2026-11-27 00:46:28' another day (or dated: always, for a line
+    kept in a record); '' for none."""
+    if wall is None:
+        return ""
+    import time
+
+    same_day = time.localtime(wall)[:3] == time.localtime()[:3]
+    return time.strftime("%H:%M:%S" if same_day and not dated else "%Y-%m-%d %H:%M:%S", time.localtime(wall))
+
+
+def preemption(summary: Dict[str, Any]) -> str:
+    """A preempted run's state in words, from its summary.json: 'preempted at 00:46:28 (SIGUSR2); requeued: ...'."""
+    when = f"preempted at {clock(summary.get('preempted_at'))} ({summary.get('stopped_by') or 'a signal'})"
+    requeued = summary.get("requeued")
+    if requeued is None:
+        return f"{when}; its scheduler decides whether it runs again"
+    if requeued:
+        return f"{when}; requeued: it resumes from its newest checkpoint when its scheduler starts it again"
+    return first_line(summary.get("error")) or f"{when}; not requeued"

@@ -6,28 +6,49 @@ its parent with O_NOFOLLOW (no check-then-use window) and so is the last compone
 anywhere below the root, or the root itself being one, raises PlantedLinkError and nothing is
 written. The root's own parents are the user's choice and are followed (output_dir is resolved
 once, when the launch is planned). Standard library only: the worker bootstrap and trainers use it.
+
+Only regular files are opened: a FIFO, a socket, a device or a folder where a file belongs (anyone who could
+write the folder can plant one, and an open of a FIFO waits for a peer forever, deaf to SIGTERM) is refused
+as a link is, without blocking (O_NONBLOCK for the open itself, then a check of what was opened).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
+import stat
 from typing import IO, Any, List, Optional, Tuple
 
 WHY = "a symlink the launcher did not make"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+          (stat.S_ISDIR, "a folder"))
 
 
 class PlantedLinkError(OSError):
     """A path in a run directory is a symlink: refused, never followed, never removed."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(errno.ELOOP, f"{path} is {WHY}: remove it, or run with another run_id=ID")
+    def __init__(self, path: str, what: str = WHY, code: int = errno.ELOOP) -> None:
+        super().__init__(code, f"{path} is {what}: remove it, or run with another run_id=ID")
         self.path = path
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class PlantedFileError(PlantedLinkError):
+    """A path in a run directory where a file belongs is a FIFO, socket, device or folder: refused, never opened
+    for good (an open of a FIFO would wait for a peer), never removed."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(path, f"{kind}, not a regular file the launcher made", errno.EINVAL)
+
+
+def odd_kind(mode: int) -> Optional[str]:
+    """What a file of this mode is where a regular file belongs ("a FIFO", ...), or None for a regular file."""
+    return None if stat.S_ISREG(mode) else next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
 def refuse_link(path: str) -> None:
@@ -36,19 +57,28 @@ def refuse_link(path: str) -> None:
         raise PlantedLinkError(str(path))
 
 
-def refuse_planted(root: str, clears: Tuple[str, ...] = (), others: Tuple[str, ...] = ()) -> None:
+def refuse_planted(root: str, clears: Tuple[str, ...] = (), others: Tuple[str, ...] = (),
+                   fifos: Tuple[str, ...] = ()) -> None:
     """Raise PlantedLinkError for the first symlink in the tree under root (root itself included), walked without
-    following any; names starting with one of clears are leftovers the launcher replaces itself, link or not;
-    folders named in others, right under root, are another program's (W&B makes links of its own in wandb/, submitit in slurm/):
-    refused when a link, never walked."""
+    following any, and PlantedFileError for the first FIFO, socket or device; names starting with one of clears are
+    leftovers the launcher replaces itself, link or not; folders named in others, right under root, are another
+    program's (W&B makes links of its own in wandb/, submitit in slurm/): refused when a link, never walked; paths
+    (relative to root) starting with one of fifos are FIFOs torch makes itself (NCCL's debug pipes)."""
     refuse_link(root)
     for folder, dirs, files in os.walk(root, onerror=None, followlinks=False):
         if folder == root:
             dirs[:] = [d for d in dirs if d not in others or os.path.islink(os.path.join(folder, d))]
         for name in sorted(dirs + files):
             path = os.path.join(folder, name)
-            if os.path.islink(path) and not name.startswith(clears or ("\0",)):
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:  # gone since the listing
+                continue
+            if stat.S_ISLNK(mode) and not name.startswith(clears or ("\0",)):
                 raise PlantedLinkError(path)
+            kind = None if stat.S_ISLNK(mode) or stat.S_ISDIR(mode) else odd_kind(mode)
+            if kind and not (stat.S_ISFIFO(mode) and os.path.relpath(path, root).startswith(fifos or ("\0",))):
+                raise PlantedFileError(path, kind)
 
 
 def _parts(root: str, path: str) -> List[str]:
@@ -71,12 +101,14 @@ def _open_dir(name: str, dir_fd: Optional[int], shown: str) -> int:
 
 
 def _is_link_at(name: str, dir_fd: Optional[int]) -> bool:
-    try:
-        import stat
+    return stat.S_ISLNK(_mode_at(name, dir_fd) or 0)
 
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+
+def _mode_at(name: str, dir_fd: Optional[int]) -> Optional[int]:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except OSError:
-        return False
+        return None
 
 
 def open_dir(path: str, *, root: str, make: bool = False) -> int:
@@ -106,19 +138,43 @@ def make_dirs(path: str, *, root: str) -> None:
 
 
 def open_fd(path: str, flags: int, mode: int = 0o666, *, root: str) -> int:
-    """os.open(path, flags, mode) for a path under root: no symlink on the way or at the end.
+    """os.open(path, flags, mode) for a path under root: no symlink on the way or at the end, and a regular file.
 
     With O_CREAT, missing directories between root and the file are made (the launcher's own)."""
     path = os.path.abspath(path)
     parent = open_dir(os.path.dirname(path), root=root, make=bool(flags & os.O_CREAT))
     try:
-        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
-    except OSError as e:
-        if e.errno == errno.ELOOP or (e.errno == errno.EEXIST and _is_link_at(os.path.basename(path), parent)):
-            raise PlantedLinkError(path) from None
-        raise
+        return _open_regular(os.path.basename(path), flags, mode, parent, path)
     finally:
         os.close(parent)
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+    """os.open(path, flags) of a regular file, its last component not followed, never waiting on a FIFO: for readers
+    of run directories that walk no root (`ls`, the board, a command's record)."""
+    return _open_regular(path, flags, 0o666, None, path)
+
+
+def _open_regular(name: str, flags: int, mode: int, dir_fd: Optional[int], shown: str) -> int:
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP or (e.errno == errno.EEXIST and _is_link_at(name, dir_fd)):
+            raise PlantedLinkError(shown) from None
+        kind = odd_kind(_mode_at(name, dir_fd) or stat.S_IFREG) if e.errno in (errno.ENXIO, errno.EISDIR) else None
+        if kind:  # ENXIO: a FIFO opened for writing with no reader
+            raise PlantedFileError(shown, kind) from None
+        raise
+    try:
+        kind = odd_kind(os.fstat(fd).st_mode)
+        if kind:
+            raise PlantedFileError(shown, kind)
+        if not flags & os.O_NONBLOCK:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,

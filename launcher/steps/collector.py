@@ -2,7 +2,7 @@
 
 One thread of the launcher on the node that runs rank 0 reads every rank's steps/rank-<k>.jsonl about once a
 second (a run directory shared by the nodes) and appends a row per record of rank 0 (launcher.steps.rows). W&B
-follows the built-in trainer's rules (launcher.trainers.metrics.wandb_logger: offline by default, one run per job
+follows the built-in trainer's rules (launcher.runtime.wandb_logger: offline by default, one run per job
 whose id is kept in wandb_run_id, wandb.mode), with one more: when the script started a W&B run of its own,
 rank 0's worker puts the launcher's figures into that run (launcher/worker/progress.py) and no second run is made.
 The decision waits for rank 0's first record, written at its first optimizer step, by which time a script has
@@ -17,28 +17,36 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from launcher.agent.ranklog import RankLog
 from launcher.config.schema import Config
 from launcher.runtime import safefs
 from launcher.runtime.config import config_record
+from launcher.runtime.schema import Status
 from launcher.steps.records import StepFiles
 from launcher.steps.rows import JobRows
-from launcher.trainers.metrics.wandb_logger import WandbLogger, wandb_enabled
+from launcher.runtime.wandb_logger import WandbLogger, import_wandb, job_labels, wandb_enabled
 
 log = logging.getLogger("launcher")
 POLL_S = 1.0
+DECIDE_POLL_S = 0.2  # until the W&B run is settled: it starts at rank 0's first step, not up to a second later
 JOIN_S = 5.0
 
 
 class Collector:
     """start(), then drain() once the workers are done, then close(summary) once summary.json is written."""
 
-    def __init__(self, cfg: Config, run_dir: str, world_size: int, owner: Callable[[], bool]) -> None:
+    def __init__(self, cfg: Config, run_dir: str, world_size: int, owner: Callable[[], bool], per_node: int = 0) -> None:
         self.cfg, self.run_dir, self.owner = cfg, run_dir, owner
+        self.named: Optional[int] = None  # the straggler rank the console was told of
+        self.attempt = 0  # the newest attempt rows were made of
         self.files = StepFiles(run_dir)
-        self.rows = JobRows(cfg.metrics.straggler_fraction, world_size)
+        self.series = StepFiles(run_dir, series=True)
+        self.calls: List[Dict[str, Any]] = []  # launcher.log calls read before the job's W&B run is decided
+        self.rows = JobRows(cfg.metrics.straggler_fraction, world_size, per_node)
         self.fd: Optional[int] = None
         self.wandb: Optional[WandbLogger] = None
         self.decided = not wandb_enabled(cfg.wandb)  # whether this job's W&B run is settled
@@ -51,7 +59,11 @@ class Collector:
         return self
 
     def _loop(self) -> None:
-        while not self.halt.wait(POLL_S):
+        imported = self.decided
+        while not self.halt.wait(DECIDE_POLL_S if not self.decided else POLL_S):
+            if not imported:  # wandb's import (seconds under load) while the workers start, not after a short job's end
+                imported = True
+                import_wandb()
             self.poll()
 
     def poll(self, final: bool = False) -> None:
@@ -63,9 +75,19 @@ class Collector:
                 if record["rank"] == 0 and not self.decided:
                     self._decide(record)
             for row in self.rows.take(final):
+                self._say_straggler(row, final)
+                if self.wandb is not None and row.get("attempt", 0) > self.attempt:
+                    self.wandb.event("restart", f"attempt {row['attempt']} started at step {row['step']}")
+                self.attempt = max(self.attempt, int(row.get("attempt", 0)))
                 self._write(row)
                 if self.wandb is not None:
-                    self.wandb.log(row)
+                    self.wandb.log(self.rows.launcher_figures(row))
+            self.calls += self.series.new_records()  # every launcher.log call, at the step it was made
+            if self.decided:
+                if self.wandb is not None:
+                    for call in self.calls:
+                        self.wandb.log(self.rows.series_row(call))
+                self.calls = []
 
     def drain(self) -> None:
         """The workers are done: the last records become rows."""
@@ -83,12 +105,30 @@ class Collector:
         with self.lock:
             if self.wandb is not None:
                 if summary:
+                    status = summary.get("status")
+                    if status in (Status.HUNG, Status.PREEMPTED, Status.INTERRUPTED, Status.FAILED):
+                        self.wandb.event(str(status), str(summary.get("error") or status))
                     self.wandb.log_summary(summary)
-                self.wandb.close()
+                self.wandb.close(console_text(Path(self.run_dir)))
                 self.wandb = None
             if self.fd is not None and self.fd >= 0:
                 os.close(self.fd)
             self.fd = -1
+
+    def _say_straggler(self, row: Dict[str, Any], final: bool) -> None:
+        """The console hears of a straggler when one is named, and when it no longer is (not from the rows read at the
+        end: the ranks' last windows end as each rank's script does)."""
+        if "compute_s_per_rank" not in row:  # no verdict in this row either way
+            return
+        rank = row.get("straggler_rank")
+        if rank is not None and rank != self.named:
+            log.warning(f"straggler at step {row['step']}: {row['straggler']}; the other ranks wait for it")
+            if self.wandb is not None:
+                self.wandb.event("straggler", f"at step {row['step']}: {row['straggler']}")
+        elif rank is None and self.named is not None and not final:
+            log.info(f"straggler gone at step {row['step']}: rank {self.named} keeps up again")
+        if rank is not None or not final:
+            self.named = rank
 
     def _write(self, row: Dict[str, Any]) -> None:
         if self.fd == -1:
@@ -110,4 +150,36 @@ class Collector:
             log.info(f"W&B: the script's own run {record['wandb'].get('id')} gets the launcher's figures "
                      "(under launcher/); no second run")
         else:
-            self.wandb = WandbLogger(self.cfg.wandb, config_record(self.cfg), self.run_dir)
+            self.wandb = WandbLogger(self.cfg.wandb, config_record(self.cfg), self.run_dir,
+                                     job_labels(self.cfg, self.run_dir))
+
+
+CONSOLE_BYTES = 8 << 20  # the console a W&B run gets: its newest this many bytes
+
+
+def console_text(run_dir: Path) -> str:
+    """The job's console as it came: the launcher's lines (logs/launcher.log) and every rank's, [rank<k>]: prefixed,
+    in the order they arrived (their logs' .times records), the newest CONSOLE_BYTES of it."""
+    lines: List[tuple] = []
+    shown = False  # whether the launcher's last message was one the console showed (its next lines go with it)
+    try:
+        for text in safefs.read_bytes(str(run_dir / "logs" / "launcher.log"), root=str(run_dir)).decode(
+                "utf-8", "replace").splitlines():
+            parts = text.split(" ", 4)  # "2026-12-02 00:39:12,968 launcher INFO ...": logging's asctime, local time
+            try:
+                at = time.mktime(time.strptime(text[:19], "%Y-%m-%d %H:%M:%S")) + int(text[20:23]) / 1000
+            except ValueError:  # a message's own next line
+                if shown and lines:
+                    lines.append((lines[-1][0], text))
+                continue
+            shown = len(parts) == 5 and parts[2] == "launcher" and parts[3] != "DEBUG"  # what the console showed
+            if shown:
+                lines.append((at, f"[launcher] {parts[4]}"))
+    except OSError:
+        pass
+    for path in sorted((run_dir / "logs").glob("rank-*.log")):
+        rank = path.name.split(".")[0].split("-")[1]
+        if rank.isdigit() and not path.is_symlink():
+            lines += [(at, text) for at, text in RankLog(path, int(rank)).read(finished=True)]
+    text = "\n".join(line for _, line in sorted(lines, key=lambda item: item[0])) + "\n"
+    return text[-CONSOLE_BYTES:]

@@ -1,21 +1,19 @@
 """A script's step records as the job's view (pure): one metrics.jsonl row per record of rank 0, with every rank's
 latest record beside it, and the figures summary.json gets.
 
-Rows follow the built-in trainer's metrics.jsonl where a field means the same (step, loss, samples_per_s,
-step_time_s, rss_peak_mb, cuda_peak_mb, the *_per_rank lists, step_time_spread, slowest_rank, straggler_rank);
-`step` counts the launch's optimizer steps across restarts (W&B needs it to grow), `attempt_step` the attempt's.
+A row's fields are launcher.runtime.schema.ROW's: the ones made here (step, throughput, step times, stragglers), and
+each step-record field's job value and per-rank list as the schema declares them (rows=, per_rank=; memory, and any
+field a developer adds there). Rows follow the built-in trainer's metrics.jsonl where a field means the same; `step`
+counts the launch's optimizer steps across restarts (W&B needs it to grow), `attempt_step` the attempt's.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from launcher.trainers.metrics.stragglers import stragglers
+from launcher.runtime.schema import ROW, SHARED, STEP
+from launcher.runtime.stragglers import Lagging, compute_straggler, median, stragglers, verdict
 
-# Fields of ours in a row: a launcher.log key with one of these names is kept as logged/<key>.
-OWN = ("step", "attempt", "attempt_step", "time", "steps_per_s", "step_time_s", "samples_per_s", "rss_peak_mb",
-       "cuda_peak_mb", "step_time_s_per_rank", "steps_per_rank", "rss_mb_per_rank", "cuda_peak_mb_per_rank",
-       "step_time_spread", "slowest_rank", "slowest_rank_lag", "straggler_rank")
 KEEP = 8  # records kept per rank
 SLACK_S = 0.5  # a rank's record this much older than rank 0's is the window before
 WAIT_S = 2.0  # a row waits at most this long for a rank that writes nothing
@@ -29,13 +27,15 @@ class JobRows:
     takes from each rank the record nearest in time.
     """
 
-    def __init__(self, straggler_fraction: float, world_size: int) -> None:
-        self.fraction, self.world_size = straggler_fraction, world_size
+    def __init__(self, straggler_fraction: float, world_size: int, per_node: int = 0) -> None:
+        self.fraction, self.world_size, self.per_node = straggler_fraction, world_size, per_node
+        self.lagging = Lagging()  # the rank the others wait for, once it lagged a few windows in a row
         self.history: Dict[int, List[Dict[str, Any]]] = {}  # this attempt's latest records per rank
         self.pending: List[Dict[str, Any]] = []  # rank 0's records without a row yet
         self.ended: List[Dict[str, Any]] = []  # rows of an attempt that ended, not taken yet
         self.attempt = 0
         self.before = 0  # rank 0's steps in earlier attempts
+        self.offsets: Dict[int, int] = {0: 0}  # each attempt's `before`
         self.step0 = 0  # rank 0's steps in this attempt so far
 
     def add(self, record: Dict[str, Any]) -> None:
@@ -44,6 +44,7 @@ class JobRows:
         if record["attempt"] > self.attempt:
             self.ended += self.take(final=True)
             self.attempt, self.before, self.step0, self.history = record["attempt"], self.before + self.step0, 0, {}
+            self.offsets[self.attempt] = self.before
         kept = self.history.setdefault(record["rank"], [])
         kept.append(record)
         del kept[:-KEEP]
@@ -51,6 +52,31 @@ class JobRows:
             self.step0 = record["step"]
             if record["steps"] or record.get("logged") or record.get("per_rank"):
                 self.pending.append(record)
+
+    def series_row(self, entry: Dict[str, Any]) -> Dict[str, Any]:
+        """One launcher.log call (schema.SERIES) as the job's W&B gets it: at its step (the launch's steps across
+        restarts, as the rows count them; a step=N of the caller's own as given), rank 0's values by their names,
+        a per_rank call's as <name>/rank<k>."""
+        step = entry["step"] if entry.get("own_step") else self.offsets.get(entry["attempt"], self.before) + entry["step"]
+        suffix = f"/rank{entry['rank']}" if entry.get("per_rank") else ""
+        return {"step": step, **{f"{k}{suffix}": v for k, v in entry["values"].items()}}
+
+    def named_straggler(self, compute: List[float], step_s: float) -> Dict[str, Any]:
+        """The row's straggler by what each rank computes (step times are all the slowest rank's); named once it
+        lagged a few windows in a row (launcher.runtime.stragglers.Lagging)."""
+        found = stragglers(compute, self.fraction)
+        rank = self.lagging.see_window(compute, step_s, self.fraction)
+        found["straggler_rank"] = rank
+        middle = median(compute)
+        if rank is not None and middle > 0:
+            found["straggler"] = verdict(rank, compute[rank] / middle, self.per_node)
+        return found
+
+    @staticmethod
+    def launcher_figures(row: Dict[str, Any]) -> Dict[str, Any]:
+        """A row less the script's launcher.log values (the job's W&B run has each call at its own step: a row's,
+        the window's last, at the row's step, would be a second point, at a later step)."""
+        return {k: v for k, v in row.items() if k in ROW.fields and k not in SHARED}
 
     def take(self, final: bool = False) -> List[Dict[str, Any]]:
         """Rows of the pending rank-0 records that are ready (all of them when final)."""
@@ -76,15 +102,19 @@ class JobRows:
             row["step_time_s"] = first["step_time_s"]
         samples = [r.get("samples") if r and "step_time_s" in r and r["window_s"] > 0 else None for r in mine]
         if samples and None not in samples:
-            row["samples_per_s"] = sum(s / r["window_s"] for s, r in zip(samples, mine) if r)  # type: ignore[operator]
+            row["samples_per_s"] = sum(s / r["window_s"] for s, r in zip(samples, mine) if r)
         per_rank_time = [r.get("step_time_s") if r else None for r in mine]
         row["step_time_s_per_rank"] = per_rank_time
         row["steps_per_rank"] = [r["step"] if r else None for r in mine]
-        peaks(row, mine)
-        if len(per_rank_time) > 1 and None not in per_rank_time:
+        row.update(measured(mine))
+        compute = row.get("compute_s_per_rank")
+        if isinstance(compute, list) and len(compute) > 1 and None not in compute and None not in per_rank_time:
+            row.update(self.named_straggler(compute, median(per_rank_time)))  # type: ignore[arg-type]
+        elif len(per_rank_time) > 1 and None not in per_rank_time:
             row.update(stragglers(per_rank_time, self.fraction))  # type: ignore[arg-type]
+        ours = ROW.fields  # a launcher.log key that is one of ours is kept as logged/<key>
         for key, value in (first.get("logged") or {}).items():
-            row[f"logged/{key}" if key in OWN else key] = value
+            row[f"logged/{key}" if key in ours and key not in SHARED else key] = value
         for key in sorted({k for r in mine if r for k in (r.get("per_rank") or {})}):
             row[f"{key}_per_rank"] = [(r.get("per_rank") or {}).get(key) if r else None for r in mine]
         return row
@@ -96,19 +126,32 @@ def nearest(records: List[Dict[str, Any]], t: float) -> Optional[Dict[str, Any]]
     return best if best is not None and abs(best["t"] - t) <= WAIT_S else None
 
 
-def peaks(row: Dict[str, Any], mine: List[Optional[Dict[str, Any]]]) -> None:
-    """Memory: the job's peaks and each rank's figure."""
-    rss = [r.get("rss_mb") if r else None for r in mine]
-    if any(v is not None for v in rss):
-        row["rss_mb_per_rank"] = rss
-        row["rss_peak_mb"] = max(r.get("rss_peak_mb", r.get("rss_mb", 0.0)) for r in mine if r)
-    cuda = [r.get("cuda_peak_mb") if r else None for r in mine]
-    if any(v is not None for v in cuda):
-        row["cuda_peak_mb_per_rank"] = cuda
-        row["cuda_peak_mb"] = max(v for v in cuda if v is not None)
+def measured(mine: List[Optional[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Each step-record field the schema puts in rows (memory, ...): the job's value and each rank's, where any
+    rank has one."""
+    out: Dict[str, Any] = {}
+    for field in STEP.fields.values():
+        if not (field.rows or field.per_rank):
+            continue
+        values = [r.get(field.name) if r else None for r in mine]
+        chosen = [v for v in (values[:1] if field.rows == "rank0" else values) if v is not None]
+        if field.rows and chosen:
+            out[field.name] = combine(field.rows, chosen)
+        if field.per_rank and any(v is not None for v in values):
+            out[f"{field.name}_per_rank"] = values
+    return out
 
 
-def summary_figures(records: List[Dict[str, Any]], started: float, straggler_fraction: float) -> Dict[str, Any]:
+def combine(how: str, values: List[Any]) -> Any:
+    """A job's value of a field from its known values (in rank or time order) as the schema says: max, sum, the
+    first (rank0: rank 0's) or the last (the newest)."""
+    if how in ("max", "sum"):
+        return max(values) if how == "max" else sum(values)
+    return values[0] if how == "rank0" else values[-1]
+
+
+def summary_figures(records: List[Dict[str, Any]], started: float, straggler_fraction: float,
+                    per_node: int = 0) -> Dict[str, Any]:
     """summary.json's figures for a script, from one launch's records (launcher.steps.records.read_launch)."""
     first = [r for r in records if r["rank"] == 0]
     if not first:
@@ -129,11 +172,11 @@ def summary_figures(records: List[Dict[str, Any]], started: float, straggler_fra
     out.update(throughput(records))
     losses = [r["logged"]["loss"] for r in sorted(first, key=lambda r: r["t"]) if (r.get("logged") or {}).get("loss") is not None]
     out["final_loss"] = losses[-1] if losses else None
-    for key in ("rss_peak_mb", "cuda_peak_mb"):
-        values = [r[key] for r in records if key in r]
-        if values:
-            out[key] = max(values)
-    out.update(rank_spread(records, straggler_fraction))
+    for field in STEP.fields.values():  # as the schema says (summary=): memory peaks, ...
+        values = [r[field.name] for r in sorted(records, key=lambda r: r["t"]) if r.get(field.name) is not None]
+        if field.summary and values:
+            out[field.name] = combine(field.summary, values)
+    out.update(rank_spread(records, straggler_fraction, per_node))
     runs = [r["wandb"] for r in first if r.get("wandb")]
     if runs:
         out["wandb_run"] = {**runs[-1], "owner": "script"}
@@ -154,17 +197,29 @@ def throughput(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {"samples_per_s": rates, "global_batch_size": round(batch)}
 
 
-def rank_spread(records: List[Dict[str, Any]], fraction: float) -> Dict[str, Any]:
-    """Each rank's mean step time over the job and how far apart they are."""
-    times: List[float] = []
-    for rank in range(max(r["rank"] for r in records) + 1):
-        timed = [r for r in records if r["rank"] == rank and "step_time_s" in r]
-        if not timed:
-            return {}
-        times.append(sum(r["step_time_s"] * r["steps"] for r in timed) / max(1, sum(r["steps"] for r in timed)))
-    out: Dict[str, Any] = {"step_time_s_per_rank": times}
-    if len(times) > 1:
-        out.update(stragglers(times, fraction))
+def rank_spread(records: List[Dict[str, Any]], fraction: float, per_node: int = 0) -> Dict[str, Any]:
+    """Each rank's mean step time over the job, and what it computed and waited of it: the rank that computes
+    longest is the one the others wait for (step times are all the slowest rank's)."""
+    ranks = range(max(r["rank"] for r in records) + 1)
+    out: Dict[str, Any] = {}
+    for field in ("step_time_s", "compute_s", "wait_s"):
+        means: List[float] = []
+        for rank in ranks:
+            timed = [r for r in records if r["rank"] == rank and field in r and "step_time_s" in r]
+            if not timed:
+                break
+            means.append(sum(r[field] * r["steps"] for r in timed) / max(1, sum(r["steps"] for r in timed)))
+        else:
+            out[f"{field}_per_rank"] = means
+    if "step_time_s_per_rank" not in out:
+        return {}
+    by = out.get("compute_s_per_rank") or out["step_time_s_per_rank"]
+    if len(by) > 1:
+        out.update(stragglers(by, fraction))
+        if "compute_s_per_rank" in out:  # a script's: by what each rank computes of its step
+            named = out["straggler_rank"] = compute_straggler(by, median(out["step_time_s_per_rank"]), fraction)
+            if named is not None and median(by) > 0:
+                out["straggler"] = verdict(named, by[named] / median(by), per_node)
     return out
 
 

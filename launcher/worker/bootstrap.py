@@ -1,25 +1,23 @@
 """The first code of every worker process, and the zygote that forks warm workers. Stdlib only.
 
-Run as a program, never imported by the launcher (a worker must not find the project in its
-``sys.modules``):
+Run as a program, never imported by the launcher (a worker must not find the project in its ``sys.modules``):
 
     python -u launcher/worker/bootstrap.py zygote KIND PARENT_PID FD  # serve fork requests on socket FD
     python -u launcher/worker/bootstrap.py worker SPEC_FD PARENT_PID  # one fresh worker (start method spawn)
-    python -u launcher/worker/bootstrap.py KIND -m launcher ARGS  # the launcher, its zygote forked first (launcher())
-    (and `KIND --path SCRIPT ARGS`, `KIND node MODULE ARGS` the same way: launcher.prestart)
+    python -u launcher/worker/bootstrap.py KIND --handover FD -m launcher ARGS  # a launch going on, its zygote forked
+    (and `KIND --handover FD --path SCRIPT ARGS`, `KIND node MODULE ARGS` the same way: launcher.prestart; `standby
+    KIND IDLE_S PARENT FD`: `KIND node launcher ARGS` started ahead, its ARGS later on pipe FD)
 
-The zygote is a fresh, single-threaded interpreter that imports what workers need (``torch``
-for scripts; the built-in trainer's modules for ``KIND=trainer``), then forks one worker per
-request from the agent (launcher.agent.zygote; its loop: launcher/worker/forkserver.py). Forking a
-single-threaded process that has touched no CUDA and started no thread pool is safe, and the fork
-costs milliseconds where a fresh ``import torch`` costs seconds. A worker forked from it looks to a
-script like one torchrun started with ``python -u script.py``: the same ``sys.argv``, ``sys.path``,
-``__main__``, environment, signal dispositions, multiprocessing start method (none chosen) and
-streams (stdout and stderr apart), and its traceback shows no frame of this file, nor does a Ctrl-C
-at any moment of it (run_user_code).
+The zygote is a fresh, single-threaded interpreter that imports what workers need (``torch`` for scripts; the built-in
+trainer's modules for ``KIND=trainer``), then forks one worker per request from the agent (launcher.agent.zygote; its
+loop: launcher/worker/forkserver.py). Forking a single-threaded process that has touched no CUDA and started no thread
+pool is safe, and the fork costs milliseconds where a fresh ``import torch`` costs seconds. A worker forked from it
+looks to a script like one torchrun started with ``python -u script.py``: the same ``sys.argv``, ``sys.path``,
+``__main__``, environment, signal dispositions, multiprocessing start method (none chosen) and streams (stdout and
+stderr apart), and its traceback shows no frame of this file, nor does a Ctrl-C at any moment of it (run_user_code).
 
 Worker <-> agent: stdout and stderr are pipes the agent reads (launcher.agent.streams); a third, the status
-pipe, carries ``done CODE`` once the script has returned: a finished rank hanging at exit is no working one.
+pipe, carries ``done CODE TIME`` once the script has returned: a finished rank hanging at exit is no working one.
 """
 
 import sys
@@ -43,7 +41,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a worker holds 
 # ---------------------------------------------------------------- the zygote
 
 
-def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
+def zygote(kind: str, parent: int, control_fd: int) -> "tuple":
     """Set up, then serve fork requests (launcher/worker/forkserver.py). Returns only in a worker."""
     # Not killed with its parent (no PR_SET_PDEATHSIG): when the agent dies, even by SIGKILL, the zygote sees its
     # socket close (or its parent change) and kills every process it holds first, the workers' children included
@@ -53,19 +51,14 @@ def zygote(kind: str, parent: int, control_fd: int) -> "tuple | None":
     return serve_forks(kind, parent, control_fd)
 
 
-def serve_forks(kind: str, parent: int, control_fd: int, forked: bool = False) -> "tuple | None":
+def serve_forks(kind: str, parent: int, control_fd: int, forked: bool = False) -> "tuple":
     """The zygote's life. One forked at the launcher's start dies with it until its first fork (forkserver), having
     nothing to clean up: a launcher Ctrl-C'd at once, or refusing what it finds, ends with no wait. Returns in a worker."""
     if forked:
         die_with_parent(parent)
     _set_prctl(PR_SET_CHILD_SUBREAPER, 1)
     ignore_stop_signals()
-    from importlib.machinery import SourceFileLoader  # loaded at every interpreter's start already
-
-    server = types.ModuleType("launcher_forkserver")  # never in sys.modules: a worker holds nothing of the project
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
-    SourceFileLoader(server.__name__, path).exec_module(server)
-    found = server.serve(preload, control_fd, parent, kind)
+    found = _load("forkserver")["serve"](preload, control_fd, parent, kind)
     if found is None:  # its agent is done: nothing to flush but the streams, no teardown of torch's modules (0.4 CPU-s)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -73,10 +66,15 @@ def serve_forks(kind: str, parent: int, control_fd: int, forked: bool = False) -
     return found
 
 
-def launcher(kind: str, role: str, target: str, args: list) -> "tuple":
-    """`KIND -m launcher ARGS` (launcher.prestart execs `python -m launcher` into it), `KIND --path SCRIPT ARGS` (the
-    `launcher` command), `KIND node MODULE ARGS` (a child launcher or node): import torch, fork the zygote (until then
-    this is a fresh zygote that has imported torch), run the launcher here (launcher.prestart). Returns in a worker."""
+def _load(name: str) -> dict:
+    """This folder's NAME.py (forkserver, standby) run into a namespace of its own, never a module in sys.modules."""
+    return _exec_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), {"__name__": f"launcher_{name}"})
+
+
+def launcher(kind: str, role: str, target: str, args: list, handover: "int | None", standby: "object" = None) -> "tuple":
+    """`KIND --handover FD -m launcher ARGS`, `... --path SCRIPT ARGS`, `KIND node MODULE ARGS` (launcher.prestart): import
+    torch, fork the zygote (until then this is a fresh zygote that has imported torch), run the launcher here, with the
+    launch handed over in FD, or a standby's ARGS and start time from standby() (launcher/worker/standby.py)."""
     import gc
 
     gc.disable()  # as preload()
@@ -99,11 +97,12 @@ def launcher(kind: str, role: str, target: str, args: list) -> "tuple":
         theirs.close()
         zygote = (pid, ours.detach())
     gc.enable()
-    if role != "node" and not sys.flags.safe_path:  # what `python -m` and `python SCRIPT` put first; a node: nothing
+    args, started = standby() if callable(standby) else (args, None)
+    if role != "node" and not getattr(sys.flags, "safe_path", False):  # what -m and SCRIPT put first, but -P (3.11+); a node: none
         sys.path.insert(0, os.getcwd() if role == "-m" else os.path.dirname(os.path.realpath(target)))
     global LAUNCHER_RUNS
     LAUNCHER_RUNS = True
-    __import__("launcher.prestart").prestart.run(kind, role, target, args, zygote)
+    __import__("launcher.prestart").prestart.run(kind, role, target, args, zygote, handover, started)
     sys.exit(0)  # the launcher's module returned: `python -m` exits 0 then
 
 
@@ -122,8 +121,8 @@ def preload(kind: str) -> None:
     if kind == "trainer":  # the installed package's, never a folder put on sys.path (a user's trainers.py stays theirs)
         import omegaconf  # noqa: F401  (each rank rebuilds its config with it: ~0.08 CPU-s a worker otherwise)
         import psutil  # noqa: F401
-        import torch._dynamo  # noqa: F401  (DDP's constructor imports it: seconds per worker otherwise)
-        import torch.nn.parallel  # noqa: F401
+        for name in progress()["torch_private"].TRAINER_PRELOAD:  # torch._dynamo: DDP's constructor imports it
+            __import__(name)
 
         import launcher.trainers.train  # noqa: F401
         import launcher.worker.trainer  # noqa: F401
@@ -166,8 +165,8 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
     for name in WORKER_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
-    if spec.get("slurm"):  # SLURM's warning signal reaches every process of the step: the trainer handles it
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    for signum in spec.get("ignored_signals", ()):  # a scheduler's warning to every process of the step (SLURM's
+        signal.signal(signum, signal.SIG_IGN)  # USR2): the trainer handles it
     stdout_fd, stderr_fd, status_fd = fds
     for fd, target in ((stdout_fd, 1), (stderr_fd, 2)):
         if fd != target:  # a fresh worker got them in place already
@@ -202,7 +201,7 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
             os.utime(beat, (DONE_AT, DONE_AT), follow_symlinks=False)  # done: a slow exit is no hang for the heartbeat watchdog
         except OSError:
             pass
-    status.write(f"done {code}\n")
+    status.write(f"done {code} {time.time()!r}\n")  # when, by this machine's clock: the first rank to fail is the cause
     status.close()
     # The interpreter's normal exit, as under torchrun: atexit handlers, flushed files, and Python's Ctrl-C (its
     # traceback names threading or an atexit handler). One in the instant before is this file's: __main__ is quiet.
@@ -237,17 +236,19 @@ def progress() -> dict:
     global _progress
     if _progress is None:
         here = os.path.dirname(os.path.abspath(__file__))
-        safefs = types.ModuleType("launcher_worker_safefs")  # launcher/runtime/safefs.py: opening nothing through a link
-        _exec_file(os.path.normpath(os.path.join(here, os.pardir, "runtime", "safefs.py")), safefs.__dict__)
-        _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__, "safefs": safefs}
-        for name in ("loaders.py", "progress.py"):  # launcher.worker.progress.WORKER_FILES
+        found = {name: types.ModuleType(f"launcher_worker_{name}") for name in ("safefs", "schema", "torch_private")}
+        for name, file in (("safefs", "safefs"), ("schema", "fields"), ("schema", "schema"), ("torch_private",) * 2):
+            _exec_file(os.path.join(os.path.dirname(here), "runtime", f"{file}.py"), found[name].__dict__)  # runtime/'s
+        _progress = {"__name__": "launcher_worker_progress", "__builtins__": __builtins__, **found}
+        for name in ("loaders.py", "writer.py", "waits.py", "progress.py"):  # launcher.worker.progress.WORKER_FILES
             _exec_file(os.path.join(here, name), _progress)
     return _progress
 
 
-def _exec_file(path: str, namespace: dict) -> None:
+def _exec_file(path: str, namespace: dict) -> dict:
     with open(path, "rb") as f:
         exec(compile(f.read(), path, "exec"), namespace)
+    return namespace
 
 
 def run_user_code(kind: str, target: str, args: list, error_file: "str | None") -> int:
@@ -292,7 +293,7 @@ def run_main(kind: str, target: str, args: list) -> None:
         sys.orig_argv = [sys.executable, "-u", "-m", target, *args]
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts a script (see run_user_code)
         take_stop_signals()
-        runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
+        runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]  # what `python -m` calls (private)
         return
     from importlib.machinery import SourceFileLoader
 
@@ -369,21 +370,18 @@ def _set_prctl(option: int, value: int) -> bool:
         return False
 
 
-def fresh_worker(spec_fd: int, parent: int) -> "tuple":
-    """start method spawn: this interpreter is one worker; its spec comes on a pipe."""
-    with os.fdopen(spec_fd, "rb") as f:
-        message = json.loads(f.read())
-    return message["spec"], message["fds"]
-
-
 def main(argv: list) -> None:
     role = argv[0]
-    if role in ("trainer", "script"):  # launcher.prestart
-        found = launcher(role, argv[1], argv[2], argv[3:])
+    if role in ("trainer", "script"):  # launcher.prestart (its HANDOVER flag, then the file descriptor)
+        handover, rest = (int(argv[2]), argv[3:]) if argv[1] == "--handover" else (None, argv[1:])
+        found = launcher(role, rest[0], rest[1], rest[2:], handover)
+    elif role == "standby":  # a child launcher started ahead, torch imported (launcher/worker/standby.py)
+        found = launcher(argv[1], "node", "launcher", [], None, _load("standby")["ahead"](*argv[2:]))
     elif role == "zygote":
         found = zygote(argv[1], int(argv[2]), int(argv[3]))
     else:  # start method spawn: started with the stop signals blocked (blocked_for_child), kept so (become_worker)
-        found = fresh_worker(int(argv[1]), int(argv[2]))
+        with os.fdopen(int(argv[1]), "rb") as f:  # this interpreter is one worker; its spec comes on a pipe
+            found = ((message := json.loads(f.read()))["spec"], message["fds"])
     become_worker(found[0], found[1], os.getppid() if role != "worker" else int(argv[2]))
 
 

@@ -31,7 +31,7 @@ def serve(preload: Callable[[str], None], control_fd: int, parent: int, kind: st
         send(sock, {"event": "error", "message": f"{type(e).__name__}: {e}"})
         return None
     send(sock, {"event": "ready", "pid": os.getpid()})
-    children = set()
+    children: set[int] = set()
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
         if os.getppid() != parent:  # the agent died (its socket may live on in a process it started)
@@ -88,9 +88,9 @@ def kill_every_child(children: set) -> None:
             break
 
 
-def own_children() -> set:
+def own_children() -> set[int]:
     """The pids whose parent is this process (Linux /proc; empty elsewhere)."""
-    me, found = str(os.getpid()), set()
+    me, found = str(os.getpid()), set[int]()
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -118,7 +118,7 @@ def reap(children: set, sock: socket.socket) -> None:
             return
         if pid in children:
             children.discard(pid)
-            send(sock, {"event": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+            send(sock, {"event": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status), "at": time.time()})
 
 
 def send(sock: socket.socket, message: dict) -> None:

@@ -16,6 +16,12 @@ import time
 import types
 import weakref
 
+TYPE_CHECKING = False  # typing's, without importing typing into a worker; type checkers read it as true
+if TYPE_CHECKING:
+    from typing import Any
+if "torch_private" not in globals():  # imported by the launcher; a worker's bootstrap gives its own copy
+    from launcher.runtime import torch_private
+
 SEARCH_GIVE_UP = 5  # searches in a row that found nothing: stop looking
 RESEARCH_S = 60.0  # once batches per step is known, look for a new iterator at most this often
 CO_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED: a function's frame, whose f_locals is a snapshot
@@ -24,7 +30,7 @@ CO_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED: a function's frame, whose f_locals i
 class Loader:
     """The training loop's DataLoader iterator: batches per optimizer step, and its batch size.
 
-    Batches per step is read off the iterator's own count (``_num_yielded``) between two looks at the same
+    Batches per step is read off the iterator's own count (torch_private.batches_yielded) between two looks at the same
     iterator, so gradient accumulation counts right (and a wrapper that fetches a batch ahead, as Hugging Face's
     Trainer does, does not); a window's samples are its steps x that x the batch size. Until the first such
     measurement every step looks (an attribute read); epochs shorter than a window replace the iterator between
@@ -32,10 +38,10 @@ class Loader:
     """
 
     def __init__(self) -> None:
-        self.ref = None  # weakref to the iterator: holding it would keep its loader workers alive
+        self.ref: "weakref.ref[Any] | None" = None  # weakref to the iterator: holding it would keep its loader workers alive
         self.yielded = self.at_step = 0  # its count and our step count at the last look
-        self.per_step = None  # batches per optimizer step
-        self.batch_size = None
+        self.per_step: "float | None" = None  # batches per optimizer step
+        self.batch_size: "int | None" = None
         self.misses = 0
         self.searched_at = float("-inf")
         self.measured = False  # per_step read off two looks at one iterator (until then, every step looks: cheap)
@@ -65,14 +71,15 @@ class Loader:
         it = self.ref() if self.ref is not None else None
         if it is None:
             return False
-        if it._num_yielded != self.yielded and step > self.at_step:
-            self.per_step, self.measured = (it._num_yielded - self.yielded) / (step - self.at_step), True
-            self.yielded, self.at_step = it._num_yielded, step
+        yielded = torch_private.batches_yielded(it)
+        if yielded != self.yielded and step > self.at_step:
+            self.per_step, self.measured = (yielded - self.yielded) / (step - self.at_step), True
+            self.yielded, self.at_step = yielded, step
         return True
 
     def look(self, step: int) -> None:
         it = self.ref() if self.ref is not None else None
-        if it is not None and it._num_yielded != self.yielded and self.measure(step):
+        if it is not None and torch_private.batches_yielded(it) != self.yielded and self.measure(step):
             return
         now = time.monotonic()
         if self.per_step is not None and now - self.searched_at < RESEARCH_S:
@@ -81,29 +88,30 @@ class Loader:
         found = self.search()
         if found is None or found is it:
             return
-        sampler = getattr(found, "_index_sampler", None)
-        self.batch_size = getattr(sampler, "batch_size", None) if getattr(found, "_auto_collation", False) else None
+        sampler = torch_private.index_sampler(found)
+        batching = torch_private.batches_automatically(found)
+        self.batch_size = getattr(sampler, "batch_size", None) if batching else None
         self.ref = weakref.ref(found)
-        if not self.measured and found._num_yielded and step:
-            self.per_step = found._num_yielded / step  # provisional (a loader wrapper may fetch ahead): measure() refines
-        self.yielded, self.at_step = found._num_yielded, step
+        yielded = torch_private.batches_yielded(found)
+        if not self.measured and yielded and step:
+            self.per_step = yielded / step  # provisional (a loader wrapper may fetch ahead): measure() refines
+        self.yielded, self.at_step = yielded, step
 
-    def search(self) -> "object | None":
+    def search(self) -> "Any":
         """The iterator of a DataLoader the calling frames hold (a loop's iterator lives on its frame's evaluation stack,
         out of reach: it is found as the one object holding that DataLoader's index sampler, gc.get_referrers)."""
-        module = sys.modules.get("torch.utils.data.dataloader")
-        iter_type, loader_type = getattr(module, "_BaseDataLoaderIter", None), getattr(module, "DataLoader", None)
+        iter_type, loader_type = torch_private.dataloader_types()
         if iter_type is None or loader_type is None:
             return None
-        frame = sys._getframe(1)
+        frame: "types.FrameType | None" = sys._getframe(1)
         while frame is not None:
             for value in frame_values(frame):
                 if isinstance(value, iter_type):
                     return value
                 if isinstance(value, loader_type):
-                    sampler = value._index_sampler
+                    sampler = torch_private.index_sampler(value)
                     for holder in gc.get_referrers(sampler):
-                        if isinstance(holder, iter_type) and holder._index_sampler is sampler:
+                        if isinstance(holder, iter_type) and torch_private.index_sampler(holder) is sampler:
                             return holder
             frame = frame.f_back
         return None

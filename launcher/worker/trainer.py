@@ -9,12 +9,13 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import IO, Any, Dict, NoReturn
 
 from launcher.config.schema import from_dict
 from launcher.runtime import beats, safefs
-from launcher.trainers.faults.diskspace import DiskFullError
+from launcher.runtime.diskspace import DiskFullError
 from launcher.trainers.faults.stop import STOP
 from launcher.trainers.train import train
 
@@ -65,7 +66,7 @@ def _exit_now(code: int, status: IO[str]) -> NoReturn:
     beats.disarm()
     _release_multiprocessing_resources()
     try:
-        status.write(f"done {code}\n")
+        status.write(f"done {code} {time.time()!r}\n")  # launcher.worker.bootstrap's
         status.close()
     except (OSError, ValueError):
         pass
@@ -83,7 +84,8 @@ def _release_multiprocessing_resources() -> None:
     children (DataLoader workers). Skipped, the launcher's resource tracker printed 'leaked
     semaphore objects' after the job's one-line error."""
     try:
-        multiprocessing.util._run_finalizers(0)  # priority >= 0: closes and unlinks, never joins
+        # priority >= 0: closes and unlinks, never joins. Private: typeshed does not list it
+        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
         for child in multiprocessing.active_children():
             if child.daemon:
                 child.terminate()

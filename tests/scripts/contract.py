@@ -1,15 +1,16 @@
 """A torchrun-style script for tests/test_backend_contract.py: records what each rank sees.
 
-    contract.py --out DIR [--fail-rank K [--peers-late S]] [--block]
+    contract.py --out DIR [--fail-rank K [--peers-late S | --exit-code N]] [--block]
 
 Every rank prints "contract: hello from rank <RANK>", joins a gloo process group, all-reduces
 RANK + 1 and writes DIR/seen-<RANK>.json with its torchrun environment, its pid and the
 all-reduce result, then meets the others in a barrier. --fail-rank K: rank K raises
 RuntimeError("contract: rank K fails on purpose") instead of reaching the barrier (its peers then
 fail there, as the peers of a crashed rank do); with --peers-late S they first compute for S seconds, so
-the launcher must stop them before they see it (a rank that crashes while the others train). --block: each rank writes DIR/ready-<RANK> (with
-its pid) and then all-reduces every 0.2 s, like a training loop, until it is stopped (for the
-Ctrl-C contract; it gives up after 600 s).
+the launcher must stop them before they see it (a rank that crashes while the others train); with --exit-code N
+rank K ends with sys.exit(N) instead (no error of its own to record) and the others fail on it gone. --block:
+each rank writes DIR/ready-<RANK> (with its pid) and then all-reduces every 0.2 s, like a training loop,
+until it is stopped (for the Ctrl-C contract; it gives up after 600 s).
 """
 
 import argparse
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--peers-late", type=float, default=0.0)
+    parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--block", action="store_true")
     args = parser.parse_args()
 
@@ -49,6 +51,8 @@ def main() -> None:
     seen.update(pid=os.getpid(), host=socket.gethostname(), allreduce=total.item(),
                 pg_rank=dist.get_rank(), pg_world_size=dist.get_world_size())
     write_json(os.path.join(args.out, f"seen-{rank}.json"), seen)
+    if rank == args.fail_rank and args.exit_code:
+        raise SystemExit(args.exit_code)
     if rank == args.fail_rank:
         raise RuntimeError(f"contract: rank {rank} fails on purpose")
     if args.fail_rank >= 0:

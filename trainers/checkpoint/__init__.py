@@ -1,1 +1,2 @@
-"""Checkpoints: the on-disk format and its files, background writes, the save interval, and when the loop saves."""
+"""Checkpoints: saving and loading (the format's files: launcher.runtime.checkpoints), background writes, the save
+interval, and when the loop saves."""

@@ -43,8 +43,8 @@ def stage(state: Any, into: Any = None) -> Any:
         old = into if isinstance(into, dict) else {}
         return type(state)((key, stage(value, old.get(key))) for key, value in state.items())
     if isinstance(state, (list, tuple)):
-        old = into if isinstance(into, (list, tuple)) and len(into) == len(state) else [None] * len(state)
-        return type(state)(stage(value, previous) for value, previous in zip(state, old))
+        olds = into if isinstance(into, (list, tuple)) and len(into) == len(state) else [None] * len(state)
+        return type(state)(stage(value, previous) for value, previous in zip(state, olds))
     return copy.deepcopy(state)
 
 

@@ -7,7 +7,6 @@ use the format without the loop's policy: every_steps, every_seconds, at the end
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +17,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from launcher.runtime import safefs
-
+from launcher.runtime.checkpoints import checkpoint_dir
+from launcher.runtime.goodput import GoodputClock
+from launcher.runtime.objects import is_url
 from ..faults.stop import STOP, StepSignals
-from ..metrics.goodput import GoodputClock
 from . import remote_store, store
 from .background import BackgroundWriter, stage, staged_bytes, writer_group
-from .files import checkpoint_dir
 from .interval import young_daly_steps
-from .objects import is_url
 from .store import Position, Resume, load_latest, rank_payload, restore_rng, state_dict
 
 

@@ -3,7 +3,7 @@ trainers.checkpoint.store writes, through DCP's fsspec writer, published without
 
 Every rank writes its DCP shard and rank-<r>.pt under the step's final prefix; once all have, rank 0 reads
 them back for their sha256 (which also proves the upload whole) and writes manifest.json, the one object
-whose presence makes the checkpoint exist (trainers.checkpoint.objects). A job killed before that leaves a
+whose presence makes the checkpoint exist (launcher.runtime.objects). A job killed before that leaves a
 prefix without a manifest: ignored by loading and listing, deleted by the next save.
 """
 
@@ -17,10 +17,10 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
+from launcher.runtime import objects, torch_private
+from launcher.runtime.checkpoints import FORMAT, MANIFEST
 from ..faults.inject import maybe_delay_save
-from . import objects
-from .files import FORMAT, MANIFEST
-from .store import Position, barrier, rank_payload, root_message, state_dict, this_rank
+from .store import Position, barrier, rank_payload, root_error, root_message, state_dict, this_rank
 
 
 class ObjectStoreError(RuntimeError):
@@ -36,7 +36,7 @@ def write(ckpt_dir: str, state: Dict[str, Any], payload: Dict[str, Any], positio
           group: Optional[Any] = None) -> str:
     """trainers.checkpoint.store.write for a URL. Collective over group (None = the default group)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported by torch 2.13
+    FsspecWriter = torch_private.fsspec_checkpoint_classes()[1]
 
     rank, final = this_rank(), objects.step_url(ckpt_dir, position.step)
     try:
@@ -59,8 +59,7 @@ def write(ckpt_dir: str, state: Dict[str, Any], payload: Dict[str, Any], positio
                 objects.remove(old)
     except (Exception, dcp.api.CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         raise ObjectStoreError(f"saving checkpoint step {position.step} to {ckpt_dir} failed ({root_message(e)}); "
-                               "the checkpoints published before it are untouched: check that the object store is reachable and writable "
-                               "(AWS_ENDPOINT_URL, credentials), then resume") from e
+                               f"{objects.after_failed_save(ckpt_dir, root_error(e))}") from e
     barrier(group)
     return final
 

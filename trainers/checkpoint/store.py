@@ -14,7 +14,7 @@ API (collective calls: every rank calls them at the same step):
   save(ckpt_dir, model, optimizer, position, keep)  -> the checkpoint directory
   write(ckpt_dir, state, payload, position, keep)   the same from a copy (trainers.checkpoint.background)
   load_latest(ckpt_dir, model, optimizer)          -> Resume (position, this rank's RNG) or None
-and, for the launcher (no process group, no torch): trainers.checkpoint.files.
+and, for the launcher (no process group, no torch): launcher.runtime.checkpoints.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from launcher.runtime import safefs
-from ..faults.diskspace import DiskFullError, disk_full, free_space, nearly_full
+from launcher.runtime import safefs, torch_private
+from launcher.runtime import objects
+from launcher.runtime.checkpoints import FORMAT, MANIFEST, TMP_PREFIX, file_sha256, latest_valid, list_checkpoints, step_dir
+from launcher.runtime.diskspace import DiskFullError, disk_full, free_space, nearly_full
 from ..faults.inject import maybe_delay_save
-from . import objects
-from .files import FORMAT, MANIFEST, TMP_PREFIX, file_sha256, latest_valid, list_checkpoints, step_dir
 
 log = logging.getLogger("launcher.checkpoint")
 
@@ -67,7 +67,7 @@ class Resume:
     position: Position
     rng: Optional[Dict[str, Any]]  # this rank's RNG states, for restore_rng at the resumed data position (None: the
     # checkpoint is of another world size)
-    path: Union[Path, str]  # a folder, or a URL (trainers.checkpoint.objects)
+    path: Union[Path, str]  # a folder, or a URL (launcher.runtime.objects)
 
 
 # --- saving -----------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def prune(ckpt_dir: Path, keep: int) -> None:
 
 # --- loading ----------------------------------------------------------------------------------
 
-def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Optional[Resume]:
+def load_latest(ckpt_dir: Union[Path, str], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Optional[Resume]:
     """Load the newest good checkpoint into model and optimizer; None when there is none. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -196,7 +196,7 @@ def load_latest(ckpt_dir: Path, model: torch.nn.Module, optimizer: torch.optim.O
         return None
     path, rank_file, read_rank, reader = _open_checkpoint(chosen[0])
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: Dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     try:
         dcp.load(state, storage_reader=reader, planner=WeightsOnlyLoadPlanner())
         payload = torch.load(read_rank(), map_location="cpu", weights_only=True)
@@ -217,7 +217,7 @@ def _open_checkpoint(location: str) -> Tuple[Union[Path, str], str, Callable[[],
         fs, root = objects.filesystem(location)
         name = next((n for n in names if fs.exists(f"{root}/{n}")), None)
         path: Union[Path, str] = location
-        read = lambda: io.BytesIO(fs.cat_file(f"{root}/{name}"))  # noqa: E731
+        read: Callable[[], Any] = lambda: io.BytesIO(fs.cat_file(f"{root}/{name}"))  # noqa: E731
         reader = SafeFsspecReader(location, **objects.options(location))
     else:
         path = Path(location)
@@ -229,8 +229,8 @@ def _open_checkpoint(location: str) -> Tuple[Union[Path, str], str, Callable[[],
     return path, name, read, reader
 
 
-def root_message(error: BaseException) -> str:
-    """DCP wraps each rank's exception; the first line of the innermost is the useful part."""
+def root_error(error: BaseException) -> BaseException:
+    """DCP wraps each rank's exception: the innermost one, which says what happened."""
     failures = getattr(error, "failures", None)
     if isinstance(failures, dict) and failures:
         error = next(iter(failures.values()))
@@ -238,6 +238,12 @@ def root_message(error: BaseException) -> str:
             error = error[0]
     while error.__cause__ is not None:
         error = error.__cause__
+    return error
+
+
+def root_message(error: BaseException) -> str:
+    """The first line of the innermost exception, with its class."""
+    error = root_error(error)
     text = str(error).strip().splitlines()
     return f"{error.__class__.__name__}: {text[0] if text else ''}"
 
@@ -253,7 +259,6 @@ def _safe_dcp_classes() -> Dict[tuple, Any]:
     import pathlib
 
     import torch.distributed.checkpoint.metadata as md
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
 
     allowed: Dict[tuple, Any] = {}
     for module in (md,):
@@ -261,12 +266,14 @@ def _safe_dcp_classes() -> Dict[tuple, Any]:
             obj = getattr(module, name)
             if isinstance(obj, type) and obj.__module__ == module.__name__:
                 allowed[(module.__name__, name)] = obj
-    allowed[(_StorageInfo.__module__, "_StorageInfo")] = _StorageInfo
+    storage_info = torch_private.checkpoint_storage_info_class()
+    allowed[(storage_info.__module__, storage_info.__name__)] = storage_info
     allowed[("torch", "Size")] = torch.Size
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
     allowed[("pathlib", "PosixPath")] = pathlib.PosixPath  # the checkpoint id DCP records
     allowed[("pathlib", "PurePosixPath")] = pathlib.PurePosixPath
-    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    layout_name, layout = torch_private.serialization_layout_global()
+    allowed[layout_name] = layout
     for name in dir(torch):
         if isinstance(getattr(torch, name), torch.dtype):
             allowed[("torch", name)] = getattr(torch, name)
@@ -293,7 +300,7 @@ def _make_reader_class() -> Any:
         """DCP's reader, but .metadata is unpickled with an allow-list of DCP's own classes."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            path = self._get_metadata_path(kwargs.get("rank"))
+            path = torch_private.checkpoint_metadata_path(self, kwargs.get("rank"))
             with self.fs.create_stream(path, "rb") as f:
                 metadata = _RestrictedUnpickler(f).load()
             if getattr(metadata, "storage_meta", None) is None:
@@ -307,9 +314,7 @@ def _make_reader_class() -> Any:
         def load_bytes(self, read_item: Any, value: Any) -> None:
             obj = torch.load(value, weights_only=True)
             if self.flatten_state_dict:
-                from torch.distributed.checkpoint._traverse import set_element
-
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+                torch_private.checkpoint_set_element()(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
                 self.state_dict[read_item.dest_index.fqn] = obj
 
@@ -320,7 +325,7 @@ SafeFileSystemReader, WeightsOnlyLoadPlanner = _make_reader_class()
 
 
 def _make_fsspec_reader_class() -> Any:
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported by torch 2.13
+    FsspecReader: Any = torch_private.fsspec_checkpoint_classes()[0]
 
     class SafeFsspecReader(FsspecReader):
         """DCP's fsspec reader (checkpoint.dir on object storage), .metadata allow-listed as above."""
@@ -343,7 +348,9 @@ def capture_rng() -> Dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        legacy = np.random.get_state()  # numpy's own default: the legacy tuple, not the dict
+        assert isinstance(legacy, tuple)
+        kind, keys, pos, has_gauss, gauss = legacy
         state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
     except ImportError:
         pass

@@ -1,1 +1,1 @@
-"""What interrupts a run: stop requests, a full disk, and the faults tests inject (an error or a hang at a step)."""
+"""What interrupts a run: stop requests and the faults tests inject (an error or a hang at a step)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Optional, Union
+from typing import Optional, TypedDict
 
 from launcher.runtime import env
 
@@ -32,7 +32,14 @@ class InjectedFault(RuntimeError):
     """Raised on purpose by a test; never in a normal run."""
 
 
-def parse(text: str) -> Dict[str, Union[int, str]]:
+class Fault(TypedDict):
+    rank: int
+    step: int
+    attempt: int
+    action: str  # one of ACTIONS
+
+
+def parse(text: str) -> Fault:
     fields = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
     action = fields.get("action", "raise")
     if action not in ACTIONS:

@@ -1,10 +1,11 @@
 """Stop requests: a signal sets a flag, the loop checkpoints and stops at the next step boundary.
 
 Ctrl-C / SIGTERM reach every worker through the agent, which forwards the signal it got to each
-worker's process group (workers lead their own, as torchrun's do: launcher.worker.bootstrap). A handler only sets a flag, because a collective cannot be left half-done; the ranks
-agree on it at a step boundary (``StepSignals.exchange``, one step after it arrived), save a
-checkpoint and return. A worker that does not get there within the grace period exits anyway,
-and a second signal exits at once.
+worker's process group (workers lead their own, as torchrun's do: launcher.worker.bootstrap). A
+handler only sets a flag, because a collective cannot be left half-done; the ranks agree on it at a
+step boundary (``StepSignals.exchange``, one step after it arrived), save a checkpoint and return. A
+worker that does not get there within the grace period exits anyway, and a second signal exits at
+once.
 A SLURM preemption (USR2) uses the same path: ``install((signal.SIGUSR2,), grace_s)``.
 """
 
@@ -31,6 +32,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
+        self.requested_wall: Optional[float] = None  # when it came (wall time): a preemption's time, for W&B
         self._grace_s = 10.0
         self._requested_at = 0.0
 
@@ -43,7 +45,7 @@ class StopRequest:
         if self.signum is not None:
             return
         self.signum = signum
-        self._requested_at = time.monotonic()
+        self._requested_at, self.requested_wall = time.monotonic(), time.time()
         threading.Thread(target=self._deadline, args=(signum, self._grace_s), daemon=True).start()
 
     def install(self, signals: Iterable[int] = DEFAULT_SIGNALS, grace_s: float = 10.0) -> None:

@@ -1,1 +1,2 @@
-"""What the trainer measures and reports: step metrics, goodput, memory, MFU, stragglers, and the loggers."""
+"""What the trainer measures and reports: step metrics, memory, MFU, features, and the loggers (the formats of
+goodput's records and of the W&B run are launcher.runtime's)."""

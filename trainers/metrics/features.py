@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from launcher.runtime import torch_private
+
 
 class FeatureTimes:
     """Per-step figures from ``StepResult``s, for the metrics window and the run summary."""
@@ -48,7 +50,7 @@ def loader_settings(cfg: Any, device: torch.device, rank: int) -> Dict[str, Any]
 
 
 def feature_summary(cfg: Any, layout: Any, precision: Any, times: FeatureTimes, step_times: List[float],
-                    steady_median: float) -> Dict[str, Any]:
+                    steady_median: Optional[float]) -> Dict[str, Any]:
     """Summary figures: what ran, the effective batch, compile time apart from the steady state."""
     accum = cfg.trainer.grad_accum_steps
     settings = loader_settings(cfg, torch.device(precision.device_type), rank=-1)
@@ -64,7 +66,8 @@ def feature_summary(cfg: Any, layout: Any, precision: Any, times: FeatureTimes, 
         "compile": cfg.trainer.compile,
         "first_step_time_s": first,
         # the first step pays for compilation (and allocator warm-up); the steady median does not
-        "compile_time_s": max(0.0, first - steady_median) if cfg.trainer.compile and first is not None else None,
+        "compile_time_s": (max(0.0, first - steady_median)
+                           if cfg.trainer.compile and first is not None and steady_median is not None else None),
         "compiled_graphs": _compiled_graphs() if cfg.trainer.compile else None,
         "max_grad_norm": cfg.trainer.max_grad_norm,
         "grad_norm_first": times.grad_norm_first,
@@ -79,9 +82,7 @@ def feature_summary(cfg: Any, layout: Any, precision: Any, times: FeatureTimes, 
 
 def _compiled_graphs() -> int:
     """Graphs dynamo captured in this process: 0 would mean compile silently did nothing."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    return int(torch_private.dynamo_counters()["stats"]["unique_graphs"])
 
 
 def resolve_num_workers(asked: int, device_type: str) -> int:

@@ -10,14 +10,13 @@ import json
 import os
 import sys
 from pathlib import Path
-import time
 from typing import Any, Dict, List, Optional, Protocol
 
 from launcher.runtime import env, formatting, safefs
 from launcher.runtime.config import config_record
-from ..faults.diskspace import disk_full, full_while_writing
-from .progress import ProgressBar, eta_seconds, format_eta, use_bar
-from .wandb_logger import WandbLogger, wandb_enabled
+from launcher.runtime.diskspace import disk_full, full_while_writing
+from launcher.runtime.wandb_logger import WandbLogger, job_labels, wandb_enabled
+from .progress import Pace, ProgressBar, format_eta, use_bar
 
 
 class MetricsLogger(Protocol):
@@ -52,10 +51,11 @@ class JsonlLogger:
             self._file.write(json.dumps(metrics) + "\n")
             self._file.flush()
         except OSError as e:
-            if disk_full(e) is None:
+            full = disk_full(e)
+            if full is None:
                 raise
             self._full = True
-            raise full_while_writing("metrics to", self._path, e.errno) from None
+            raise full_while_writing("metrics to", self._path, full) from None
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         pass  # the launcher writes summary.json from rank 0's result
@@ -73,10 +73,10 @@ class ConsoleLogger:
 
     def __init__(self, total_steps: int) -> None:
         self._total = total_steps
-        self._started = time.monotonic()
+        self._pace = Pace()
 
     def log(self, metrics: Dict[str, Any]) -> None:
-        eta = eta_seconds(metrics["step"], self._total, self._started)
+        eta = self._pace.eta(metrics["step"], self._total, metrics.get("step_time_s"))
         straggler = metrics.get("straggler_rank")
         print(
             f"step {metrics['step']}/{self._total} loss {formatting.loss(metrics['loss'])} "
@@ -121,7 +121,7 @@ def build_loggers(rank: int, run_dir: Optional[str], total_steps: int, cfg: Any 
     if run_dir:
         loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl"))
     if cfg is not None and wandb_enabled(cfg.wandb):
-        loggers.append(WandbLogger(cfg.wandb, config_record(cfg), run_dir))
+        loggers.append(WandbLogger(cfg.wandb, config_record(cfg), run_dir, job_labels(cfg, run_dir)))
     return LoggerGroup(loggers)
 
 

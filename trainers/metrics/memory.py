@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.runtime import torch_private
 from .footprint import this_process
 
 GIB = 1024**3
@@ -59,7 +60,7 @@ def oom_message(rank: int, device: torch.device, step: Optional[int], cfg: Any) 
 def saved_activation_bytes(counter: List[int], param_storages: set) -> Iterator[None]:
     """Count the bytes autograd saves for backward inside the block (parameters and views of them excluded)."""
     def pack(t: torch.Tensor) -> torch.Tensor:
-        local = getattr(t, "_local_tensor", t)  # a DTensor's own shard
+        local = torch_private.dtensor_shard(t)
         if not isinstance(t, nn.Parameter) and local.untyped_storage().data_ptr() not in param_storages:
             counter[0] += local.numel() * local.element_size()
         return t

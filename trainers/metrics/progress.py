@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from launcher.runtime import formatting
 
@@ -16,12 +16,21 @@ def use_bar(style: str) -> bool:
     return style == "bar"
 
 
-def eta_seconds(step: int, total: int, started: float, now: Optional[float] = None) -> Optional[float]:
-    """Remaining time at the average pace so far; None before the first step."""
-    elapsed = (now if now is not None else time.monotonic()) - started
-    if step <= 0 or elapsed <= 0:
-        return None
-    return max(0.0, (total - step) * elapsed / step)
+class Pace:
+    """The time left, at the pace of the steps themselves: from the first logged step on, not from the start (model
+    building and a first step that imports, compiles or warms up would make a short job's first ETA minutes long)."""
+
+    def __init__(self) -> None:
+        self.first: Optional[Tuple[int, float]] = None  # (step, time.monotonic()) of the first logged step
+
+    def eta(self, step: int, total: int, step_time_s: Optional[float] = None, now: Optional[float] = None) -> Optional[float]:
+        now = time.monotonic() if now is None else now
+        if self.first is None:
+            self.first = (step, now)
+        first_step, first_at = self.first
+        if step > first_step and now > first_at:
+            return max(0.0, (total - step) * (now - first_at) / (step - first_step))
+        return max(0.0, (total - step) * step_time_s) if step_time_s else None
 
 
 def format_eta(seconds: Optional[float]) -> str:

@@ -13,9 +13,10 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 
+from launcher.runtime import torch_private
+from launcher.runtime.stragglers import stragglers
 from .footprint import rss_peak_bytes
 from .mfu import FlopCount, mfu_figures
-from .stragglers import stragglers
 
 # Per-rank figures gathered at each log step, in this order (only the loss when not detailed).
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -35,7 +36,7 @@ class CommTimer:
     """
 
     def __init__(self, model: Any) -> None:
-        model._set_ddp_runtime_logging_sample_rate(1)
+        torch_private.ddp_sample_runtime_stats_every_step(model)
         self._logger = model.logger
         self._iteration = -1
         self._skip = False
@@ -47,7 +48,7 @@ class CommTimer:
 
     def take(self) -> Optional[float]:
         """Seconds the newest recorded step spent in its gradient all-reduce; None when none is new."""
-        data = self._logger._get_ddp_logging_data().ints_map
+        data = torch_private.ddp_runtime_stats(self._logger)
         iteration = data.get("iteration", -1)
         if iteration == self._iteration:
             return None

@@ -6,6 +6,7 @@ import datetime
 import os
 import random
 from dataclasses import dataclass
+from typing import Any, Dict
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,7 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 30
     """NCCL when every worker has its own CUDA device, gloo otherwise."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if backend == "nccl" else {}
+        kwargs: Dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return backend
 

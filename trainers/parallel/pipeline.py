@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models import loss_fn
+from ..models import Layered, loss_fn
 
 
-class StageModule(nn.Module):
+class StageModule(Layered):
     """A contiguous slice of a model: the stem on the first stage, the head on the last."""
 
-    def __init__(self, model: nn.Module, first: int, last: int, is_first: bool, is_last: bool) -> None:
+    def __init__(self, model: Layered, first: int, last: int, is_first: bool, is_last: bool) -> None:
         super().__init__()
         self.stem = model.stem if is_first else nn.Identity()
         self.blocks = nn.ModuleList(model.blocks[first:last])
@@ -65,7 +65,7 @@ def stage_bounds(blocks: int, stages: int, index: int) -> tuple[int, int]:
     return first, first + base + (1 if index < extra else 0)
 
 
-def parallelize_pipeline(model: nn.Module, device: torch.device, cfg: Any) -> nn.Module:
+def parallelize_pipeline(model: Layered, device: torch.device, cfg: Any) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -87,5 +87,6 @@ def pipeline_layout(cfg: Any, rank: int, world: int, layout: Any) -> Any:
     stages = cfg.trainer.pipeline.stages or world
     dp_index, dp_size = rank // stages, world // stages
     replicas = [[d * stages + s for d in range(dp_size)] for s in range(stages)]  # the same stage in every pipeline
-    note = f"{stages} stages x {dp_size} data-parallel pipelines, {cfg.trainer.pipeline.schedule}, {cfg.trainer.pipeline.microbatches} microbatches"
+    pipe = cfg.trainer.pipeline
+    note = f"{stages} stages x {dp_size} data-parallel pipelines, {pipe.schedule}, {pipe.microbatches} microbatches"
     return layout(dp_index, dp_size, cfg.data.batch_size * stages, replicas, note)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..models import CNN, GPT, MLP
+from ..models import CNN, GPT, MLP, Layered
 from .pipeline import parallelize_pipeline, pipeline_layout
 
 
@@ -35,7 +35,7 @@ def parallelize_dp(model: nn.Module, device: torch.device, cfg: Any) -> nn.Modul
     return nn.DataParallel(model.to(device), device_ids=device_ids)
 
 
-def parallelize_fsdp(model: nn.Module, device: torch.device, cfg: Any) -> nn.Module:
+def parallelize_fsdp(model: Layered, device: torch.device, cfg: Any) -> nn.Module:
     """FSDP2: every block's parameters, gradients and optimizer state are sharded over the ranks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -83,7 +83,7 @@ class NaiveModelParallel(nn.Module):
     Only one device computes at a time; pipelining exists to fix that.
     """
 
-    def __init__(self, model: nn.Module, devices: List[torch.device]) -> None:
+    def __init__(self, model: Layered, devices: List[torch.device]) -> None:
         super().__init__()
         self.model, self.devices = model, devices
         self.placement = [devices[min(i * len(devices) // len(model.blocks), len(devices) - 1)]
@@ -100,13 +100,13 @@ class NaiveModelParallel(nn.Module):
         return self.model.head(x.to(self.devices[-1]))
 
 
-def parallelize_naive_mp(model: nn.Module, device: torch.device, cfg: Any) -> nn.Module:
+def parallelize_naive_mp(model: Layered, device: torch.device, cfg: Any) -> nn.Module:
     count = cfg.gpus if device.type == "cuda" else 1
     devices = [torch.device("cuda", i) for i in range(count)] if device.type == "cuda" else [device]
     return NaiveModelParallel(model, devices)
 
 
-STRATEGIES: Dict[str, Callable[[nn.Module, torch.device, Any], nn.Module]] = {
+STRATEGIES: Dict[str, Callable[[Layered, torch.device, Any], nn.Module]] = {
     "dp": parallelize_dp,
     "ddp": parallelize_ddp,
     "fsdp": parallelize_fsdp,

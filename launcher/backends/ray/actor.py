@@ -14,8 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
-from launcher.backends.children import workers_kind, zygote_module_command
-from launcher.runtime import env
+from launcher.backends.children import zygote_module_command
+from launcher.runtime import env, safefs
 
 
 class NodeRunner:
@@ -42,8 +42,8 @@ class NodeRunner:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         import json
 
-        with open(log_path, "ab") as log:
-            kind = workers_kind(payload.get("config") or {})
+        with safefs.open_file(log_path, "ab", root=str(Path(log_path).parents[1])) as log:  # <run_dir>/logs/...: no link, no FIFO
+            kind = payload.get("workers")  # the driver's (launcher.backends.children.workers_kind)
             self.proc = subprocess.Popen(zygote_module_command("launcher.backends.ray.task", kind, str(os.getpid())),
                                          stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=child_env,
                                          cwd=cwd if os.path.isdir(cwd) else None, start_new_session=True)

@@ -7,16 +7,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.backends.base import Backend, Description, read_record
+from launcher.backends.ray.options import RayConfig, check_ray_config
 
 if TYPE_CHECKING:
-    from launcher.config.schema import Config
+    from launcher.config.sections import Config
 
 
 class RayBackend(Backend):
     name, label, submits = "ray", "Ray job", True
+    cluster, cluster_help = "ray", "place the job on a Ray cluster (ray.address or $RAY_ADDRESS; config: ray.*)"
+    options = RayConfig
+
+    def check_options(self, cfg: "Config") -> None:
+        check_ray_config(cfg)
 
     def takes(self, cfg: "Config") -> bool:
-        return cfg.cluster == "ray"
+        return cfg.cluster == self.cluster
 
     def dry_run(self, cfg: "Config") -> str:
         from launcher.backends.ray.submit import dry_run_text, prepare

@@ -11,6 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from launcher.backends.ray.options import ray_section
 from launcher.config.schema import Config
 from launcher.errors import ConfigError
 
@@ -28,9 +29,10 @@ def import_ray() -> Any:
     return ray
 
 
-def cluster_address(cfg: Config, environ: Dict[str, str] = dict(os.environ)) -> str:
+def cluster_address(cfg: Config) -> str:
     """ray.address, else $RAY_ADDRESS, else `auto` inside a Ray job; one line naming the fix otherwise."""
-    address = cfg.ray.address or environ.get("RAY_ADDRESS") or ("auto" if environ.get("RAY_JOB_ID") else None)
+    environ = os.environ  # read now: a caller of launcher.launch may set RAY_ADDRESS after importing us
+    address = ray_section(cfg).address or environ.get("RAY_ADDRESS") or ("auto" if environ.get("RAY_JOB_ID") else None)
     if not address:
         raise ConfigError("--cluster ray needs the cluster's address: ray.address=HOST:PORT (the head's GCS port, "
                           "as `ray start --head` printed it) or export RAY_ADDRESS")
@@ -80,12 +82,13 @@ class Placement:
 
 
 def bundle(cfg: Config, gpus: int) -> Dict[str, float]:
-    cpus = cfg.ray.cpus_per_node or max(cfg.gpus, cfg.gpus * cfg.launcher.omp_threads)
+    cpus = ray_section(cfg).cpus_per_node or max(cfg.gpus, cfg.gpus * cfg.launcher.omp_threads)
     return {"CPU": float(cpus), **({"GPU": float(gpus)} if gpus else {})}
 
 
 def gpus_to_request(cfg: Config, ray: Any) -> int:
-    if cfg.ray.gpus == "never" or (cfg.ray.gpus == "auto" and not ray.cluster_resources().get("GPU")):
+    wanted = ray_section(cfg).gpus
+    if wanted == "never" or (wanted == "auto" and not ray.cluster_resources().get("GPU")):
         return 0  # a CPU cluster: --gpus workers without GPUs
     return cfg.gpus
 
@@ -96,7 +99,7 @@ def place(ray: Any, cfg: Config, name: str, bundles: List[Dict[str, float]]) -> 
 
     group = placement_group(bundles, strategy="STRICT_SPREAD", name=name)
     try:
-        ready = group.wait(timeout_seconds=cfg.ray.placement_timeout_s)
+        ready = group.wait(timeout_seconds=ray_section(cfg).placement_timeout_s)
     except BaseException:
         remove(ray, group)
         raise
@@ -104,7 +107,7 @@ def place(ray: Any, cfg: Config, name: str, bundles: List[Dict[str, float]]) -> 
         remove(ray, group)
         alive = [n for n in ray.nodes() if n.get("Alive")]
         raise ConfigError(f"the Ray cluster cannot place {len(bundles)} node(s) x {bundles[0]} on distinct nodes within "
-                          f"{cfg.ray.placement_timeout_s:g}s (it has {len(alive)} live node(s), "
+                          f"{ray_section(cfg).placement_timeout_s:g}s (it has {len(alive)} live node(s), "
                           f"{describe_resources(alive)}): lower --nodes/--gpus, set ray.cpus_per_node, or add nodes")
     return group
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from launcher.backends.ray.options import ray_section
 from launcher.config.schema import Config
 from launcher.errors import ConfigError
 
@@ -67,13 +68,13 @@ def survey(folder: Path, patterns: List[str], stop_at: float) -> Tuple[float, Li
             return True
         return False
 
+    travel: Callable[..., None] = packaging._dir_travel  # its signature differs between Ray releases
     try:
         try:
-            packaging._dir_travel(folder, [packaging._get_excludes(folder, patterns), is_link], count,
-                                  include_gitignore=True, logger=quiet)
+            travel(folder, [packaging._get_excludes(folder, patterns), is_link], count, include_gitignore=True, logger=quiet)
         except TypeError:  # a Ray before include_gitignore (it read .gitignore files always)
             total[0], links[:] = 0, []
-            packaging._dir_travel(folder, [packaging._get_excludes(folder, patterns), is_link], count, logger=quiet)
+            travel(folder, [packaging._get_excludes(folder, patterns), is_link], count, logger=quiet)
     except _TooBig:
         pass
     return float(total[0]), links
@@ -87,18 +88,18 @@ def link_pattern(relative: str) -> str:
 def shipped_excludes(cfg: Config, folder: Path) -> List[str]:
     """excludes(), plus one per symbolic link in what would be shipped."""
     patterns = excludes(cfg, folder)
-    _, links = survey(folder, patterns, cfg.ray.ship_limit_mb * MIB)
+    _, links = survey(folder, patterns, ray_section(cfg).ship_limit_mb * MIB)
     return patterns + [link_pattern(link) for link in links]
 
 
 def check_size(cfg: Config, folder: Path) -> float:
     """The shipped size in bytes; one line naming the size and the fixes when it is over ray.ship_limit_mb."""
-    limit = cfg.ray.ship_limit_mb * MIB
+    limit = ray_section(cfg).ship_limit_mb * MIB
     size, links = survey(folder, excludes(cfg, folder), limit)
     if size > limit:
         raise ConfigError(f"the working folder {folder} that --cluster ray ships to every node holds at least "
                           f"{size / MIB:.1f} MiB after excludes (.gitignore, .rayignore, .git, .venv, caches), over "
-                          f"ray.ship_limit_mb={cfg.ray.ship_limit_mb:g}: list large files in .gitignore or .rayignore, "
+                          f"ray.ship_limit_mb={ray_section(cfg).ship_limit_mb:g}: list large files in .gitignore or .rayignore, "
                           "raise ray.ship_limit_mb, or set ray.ship_code=false where every node has the code already")
     if links:
         shown = ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else "")
@@ -110,7 +111,7 @@ def check_size(cfg: Config, folder: Path) -> float:
 
 def runtime_env(cfg: Config, folder: Path) -> Optional[Dict[str, Any]]:
     """The job's runtime_env for ray.init: the folder as working_dir; None with ray.ship_code=false."""
-    if not cfg.ray.ship_code:
+    if not ray_section(cfg).ship_code:
         return None
     return {"working_dir": str(folder), "excludes": shipped_excludes(cfg, folder)}
 
@@ -121,7 +122,7 @@ def script_path(cfg: Config, folder: Path) -> Optional[str]:
     if cfg.script.path is None or cfg.script.module:
         return cfg.script.path
     resolved = Path(cfg.script.path).resolve()
-    if cfg.ray.ship_code:
+    if ray_section(cfg).ship_code:
         try:
             return resolved.relative_to(folder.resolve()).as_posix()
         except ValueError:
@@ -131,10 +132,10 @@ def script_path(cfg: Config, folder: Path) -> Optional[str]:
 
 def describe(cfg: Config, folder: Path) -> str:
     """The dry run's line about the code."""
-    if not cfg.ray.ship_code:
+    if not ray_section(cfg).ship_code:
         return f"# code: not shipped (ray.ship_code=false): every node runs what it has at {folder}"
     return (f"# code: {folder} shipped to every node as the runtime_env working_dir, without .gitignore/.rayignore "
-            f"entries and {', '.join(excludes(cfg, folder))} (at most ray.ship_limit_mb={cfg.ray.ship_limit_mb:g})")
+            f"entries and {', '.join(excludes(cfg, folder))} (at most ray.ship_limit_mb={ray_section(cfg).ship_limit_mb:g})")
 
 
 def working_folder() -> Path:

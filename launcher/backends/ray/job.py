@@ -18,14 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from launcher.backends.children import workers_kind
 from launcher.backends.ray import cluster, code
 from launcher.backends.ray.actor import remote_class
+from launcher.backends.ray.options import ray_section
 from launcher.backends.ray.records import JOB_FILE, update_job
 from launcher.config.rdzv_secret import read_rdzv_secret
 from launcher.config.schema import Config, from_dict, to_dict
 from launcher.errors import ConfigError
-from launcher.rundir import read_json, read_node_record, write_json
+from launcher.rundir import first_failed_node, read_json, read_node_record, write_json
 from launcher.runtime import env
+from launcher.runtime.schema import Status
 
 log = logging.getLogger("launcher")
 STOP_GRACE_S = 25.0  # a stopped node agent stops its workers (checkpoint grace included) and records the end
@@ -91,11 +94,12 @@ class RayJob:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=k),
             name=f"{placement.group_name}-node-{k}",  # named: `ray list actors` and tests see whose it is
             ).remote() for k in range(self.cfg.nodes)]
-        master_addr, master_port = self.ray.get(self.actors[0].address.remote(), timeout=self.cfg.ray.placement_timeout_s + 60)
-        config = to_dict(self.cfg)
+        master_addr, master_port = self.ray.get(self.actors[0].address.remote(), timeout=ray_section(self.cfg).placement_timeout_s + 60)
+        config, workers = to_dict(self.cfg), workers_kind(self.cfg)
         refs = [a.run.remote({"config": config, "node_rank": k, "master_addr": master_addr, "master_port": master_port,
-                              "attempt": attempt}, self.secret, str(self.run_dir / "logs" / f"ray-node-{k}.log"),
-                             "" if self.cfg.ray.ship_code else os.getcwd())  # "": the shipped folder Ray started it in
+                              "attempt": attempt, "workers": workers}, self.secret,
+                             str(self.run_dir / "logs" / f"ray-node-{k}.log"),
+                             "" if ray_section(self.cfg).ship_code else os.getcwd())  # "": the shipped folder Ray started it in
                 for k, a in enumerate(self.actors)]
         return self.watch(refs, placement)
 
@@ -121,7 +125,7 @@ class RayJob:
                 first_failed = min(k for k, c in codes.items() if c != 0)
                 if pending:  # the others may be losing a dead peer: stop them so they end now
                     self.stop_agents(signal.SIGTERM)
-            if first_end is not None and pending and time.monotonic() - first_end > self.cfg.ray.node_death_s:
+            if first_end is not None and pending and time.monotonic() - first_end > ray_section(self.cfg).node_death_s:
                 break
         gone = cluster.dead_nodes(self.ray, placement.node_ids)
         dead = sorted({k for k, c in codes.items() if c is None} | {k for k, i in enumerate(placement.node_ids) if i in gone})
@@ -155,14 +159,17 @@ class RayJob:
         if lost:
             summary["lost_nodes"] = lost
         if outcome.dead:
-            summary["status"], summary["error"] = "failed", lost[-1]
-        elif outcome.interrupted and summary.get("status") != "completed":  # the workers' own Ctrl-C is no failure
-            summary["status"] = "interrupted"
+            summary["status"], summary["error"] = Status.FAILED, lost[-1]
+        elif outcome.interrupted and summary.get("status") != Status.COMPLETED:  # the workers' own Ctrl-C is no failure
+            summary["status"] = Status.INTERRUPTED
             summary.pop("error", None)
-        elif summary.get("status") == "interrupted" and outcome.first_failed is not None:
-            failed_first(summary, self.run_dir, outcome.first_failed, outcome.codes.get(outcome.first_failed))
+        elif summary.get("status") == Status.INTERRUPTED and outcome.first_failed is not None:
+            first = first_failed_node(self.run_dir, self.cfg.nodes)  # whose rank failed first, not whose agent exited
+            node = outcome.first_failed if first is None else first
+            failed_first(summary, self.run_dir, node, outcome.codes.get(node))
         write_json(path, summary)
-        state = {"completed": "COMPLETED", "interrupted": "CANCELLED"}.get(summary.get("status"), "FAILED")
+        states: Dict[Optional[str], str] = {Status.COMPLETED: "COMPLETED", Status.INTERRUPTED: "CANCELLED"}
+        state = states.get(summary.get("status"), "FAILED")
         update_job(self.run_dir, {"state": state})
         return {"COMPLETED": 0, "CANCELLED": 130}[state] if state != "FAILED" else 1
 
@@ -172,7 +179,7 @@ def failed_first(summary: Dict[str, Any], run_dir: Path, node: int, code: Option
     fail, wrote "interrupted"; the job failed, as the node that failed first says (its rank and error, as a simulated
     job's supervisor names them)."""
     record = read_node_record(run_dir, node)
-    summary["status"] = "failed"
+    summary["status"] = Status.FAILED
     summary["error"] = record.get("error") or f"node {node} failed (its node agent's exit code {code})"
     if "root_cause" in record and "root_cause" not in summary:
         summary["root_cause"] = record["root_cause"]
@@ -212,13 +219,13 @@ def fallback_summary(run_dir: Path) -> Dict[str, Any]:
     plan = read_json(run_dir / "plan.json") if (run_dir / "plan.json").is_file() else {}
     started = os.path.getmtime(run_dir / JOB_FILE) if (run_dir / JOB_FILE).is_file() else time.time()
     return {"run_id": run_dir.name, "world_size": plan.get("world_size"), "nodes": plan.get("nodes"),
-            "gpus_per_node": plan.get("workers_per_node"), "status": "failed", "wall_s": time.time() - started,
+            "gpus_per_node": plan.get("workers_per_node"), "status": Status.FAILED, "wall_s": time.time() - started,
             "restarts": 0}
 
 
 def job_secret(cfg: Config) -> str:
     """The user's secret (--rdzv-secret-file, LAUNCHER_RDZV_SECRET), else a fresh one for this job only."""
-    key = read_rdzv_secret(cfg.rdzv.secret_file, os.environ)
+    key = read_rdzv_secret(cfg.rdzv.secret_file, os.environ, warn=True)
     return key.decode() if key is not None else secrets.token_hex(32)
 
 

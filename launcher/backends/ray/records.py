@@ -14,6 +14,7 @@ from typing import Any, Dict
 
 from launcher.rundir import read_json, write_json
 from launcher.runtime import formatting
+from launcher.runtime.schema import Status
 
 JOB_FILE = "job.json"
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "LOST")
@@ -60,8 +61,9 @@ def outcome_line(run_dir: Path, job: Dict[str, Any], state: str) -> str:
         line += f": {summary['error']}"
     elif job.get("error"):
         line += f": {job['error']}"
-    elif state == "COMPLETED" and summary.get("status") == "completed":
-        trained = f"{summary['steps']} steps, final loss {formatting.loss(summary.get('final_loss'), '-')}, " if summary.get("steps") else ""
+    elif state == "COMPLETED" and summary.get("status") == Status.COMPLETED:
+        loss = formatting.loss(summary.get("final_loss"), "-")
+        trained = f"{summary['steps']} steps, final loss {loss}, " if summary.get("steps") else ""
         line += f": {trained}world size {summary.get('world_size')}, restarts {summary.get('restarts')}"
     elif state == "LOST":
         line += f": its driver (pid {job.get('driver_pid')}) is gone; see {run_dir}/logs/ray-driver.log"

@@ -13,19 +13,20 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
 from launcher.backends.base import KIND_FIELD
 from launcher.backends.children import launcher_module_command
 from launcher.backends.ray import cluster, code
+from launcher.backends.ray.options import ray_section
 from launcher.backends.ray.records import JOB_FILE, outcome_line, update_job
 from launcher.config.schema import Config, to_dict, to_yaml
 from launcher.logs import setup_launcher_logging
 from launcher.plan import new_run_id
-from launcher.rundir import create_run_dir, write_atomic, write_json
+from launcher.rundir import create_run_dir, read_json, write_atomic, write_json
 from launcher.runlock import existing_run
+from launcher.runtime import safefs
 
 
 def prepare(cfg: Config) -> Tuple[str, Path]:
@@ -45,11 +46,11 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         print(dry_run_text(cfg, address, run_dir), end="")
         return 0
     if (run_dir / "config.yaml").is_file():
-        raise existing_run(run_dir, cfg.run_id)
-    if cfg.ray.ship_code:
+        raise existing_run(run_dir, run_dir.name)  # prepare() gave cfg its run_id: run_dir's name
+    if ray_section(cfg).ship_code:
         code.check_size(cfg, code.working_folder())  # before the cluster is asked for anything
     check_placement(cfg, address)
-    create_run_dir(cfg.output_dir, cfg.run_id)
+    create_run_dir(cfg.output_dir, run_dir.name, cfg.launcher.allow_other_owner)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     write_json(run_dir / JOB_FILE, {
         "cluster": "ray", KIND_FIELD: "ray", "run_id": cfg.run_id, "address": address, "state": "PENDING", "run_dir": str(run_dir),
@@ -78,37 +79,24 @@ def check_placement(cfg: Config, address: str) -> None:
 def drive_here(cfg: Config, run_dir: Path) -> int:
     from launcher.backends.ray.job import RayJob, job_secret
 
+    from launcher.backends.slurm.records import following, rank_log
+
     setup_launcher_logging(None)
     update_job(run_dir, {"driver_pid": os.getpid()})
-    done = threading.Event()
-    follower = threading.Thread(target=follow_rank0, args=(run_dir, done), daemon=True)
-    follower.start()
-    try:
+    # --wait shows rank 0's log as it grows, and node 0's own lines (it starting, meeting the others), as SLURM's does
+    with following(rank_log(run_dir, 0), run_dir / "logs" / "ray-node-0.log"):
         code = RayJob(cfg, run_dir, job_secret(cfg)).run()
-    finally:
-        done.set()
-        follower.join(timeout=5)
-    job = json.loads((run_dir / JOB_FILE).read_text())
+    job = read_json(run_dir / JOB_FILE)
     print(f"[launcher] {outcome_line(run_dir, job, job.get('state', '?'))}", file=sys.stderr, flush=True)
     print(f"[launcher] run directory {run_dir}", file=sys.stderr, flush=True)
     return code
-
-
-def follow_rank0(run_dir: Path, done: threading.Event) -> None:
-    """--wait shows rank 0's log as it grows, as a SLURM --wait does."""
-    from launcher.backends.slurm.records import LogFollower, rank_log
-
-    follower = LogFollower(rank_log(run_dir, 0))
-    while not done.wait(1.0):
-        follower.poll()
-    follower.poll()
 
 
 def start_driver(cfg: Config, run_dir: Path) -> int:
     """The detached driver: its own session (a Ctrl-C here does not reach it), the config on its stdin."""
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
-    with open(logs / "ray-driver.out", "ab") as out:
+    with safefs.open_file(str(logs / "ray-driver.out"), "ab", root=str(run_dir)) as out:  # no link, no FIFO followed
         proc = subprocess.Popen(launcher_module_command("launcher.backends.ray.job", str(run_dir)), stdin=subprocess.PIPE,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     assert proc.stdin is not None
@@ -119,8 +107,8 @@ def start_driver(cfg: Config, run_dir: Path) -> int:
 
 def dry_run_text(cfg: Config, address: str, run_dir: Path) -> str:
     """The placement group and each node's command, as the job would make them (nothing contacted)."""
-    bundle: Dict[str, Any] = cluster.bundle(cfg, 0 if cfg.ray.gpus == "never" else cfg.gpus)
-    gpu_note = "" if cfg.ray.gpus != "auto" else " (GPU only where the cluster has GPUs: ray.gpus=auto)"
+    bundle: Dict[str, Any] = cluster.bundle(cfg, 0 if ray_section(cfg).gpus == "never" else cfg.gpus)
+    gpu_note = "" if ray_section(cfg).gpus != "auto" else " (GPU only where the cluster has GPUs: ray.gpus=auto)"
     lines = [f"# Ray cluster {address}: placement group launcher-{cfg.run_id}-0, STRICT_SPREAD, "
              f"{cfg.nodes} bundle(s) of {bundle}{gpu_note}",
              "# one NodeRunner actor per bundle runs, on its node (payload on stdin, rendezvous secret in its environment):"]

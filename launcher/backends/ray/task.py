@@ -55,7 +55,7 @@ def main(argv: List[str]) -> int:
             archive_rank_logs(run_dir, f"ray-attempt-{attempt - 1}")
 
     try:
-        return launch(cfg, dry_run=False, started=process_start_time(), continuing=continuing)
+        return launch(cfg, process_start_time(), continuing=continuing)
     except LauncherError as e:
         print(f"error: node {cfg.rdzv.node_rank}: {e}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 from launcher.backends.slurm.submit import (build_executor, executor_parameters, gpus_to_request, job_secret,
                                             require_sbatch, sbatch_errors, write_job_record)
 from launcher.config.rdzv_secret import read_rdzv_secret
-from launcher.config.schema import Config, to_dict, to_yaml
+from launcher.config.schema import Config, to_yaml
 from launcher.errors import ConfigError
 from launcher.rundir import create_run_dir, write_atomic
 
@@ -41,18 +41,18 @@ def submit_array(cfgs: List[Config], folder: Path, parallel: int, job_name: str)
     require_sbatch()
     gpus = gpus_to_request(cfgs[0])
     check_one_shape(cfgs, gpus)
-    has_secret = read_rdzv_secret(cfgs[0].rdzv.secret_file, os.environ) is not None  # an unreadable file: named now
+    has_secret = read_rdzv_secret(cfgs[0].rdzv.secret_file, os.environ, warn=True) is not None  # an unreadable file: named now
     executor = build_executor(cfgs[0], folder, gpus)
     executor.update_parameters(array_parallelism=parallel, job_name=job_name)
     for cfg in cfgs:
-        run_dir = create_run_dir(cfg.output_dir, str(cfg.run_id))
+        run_dir = create_run_dir(cfg.output_dir, str(cfg.run_id), cfg.launcher.allow_other_owner)
         write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     # Imported only when submitting: the task loads torch's elastic agent (launcher.backends.slurm.submit).
-    from launcher.backends.slurm.task import SlurmNodeAgent
+    from launcher.backends.slurm.task import SlurmNodeAgent, TaskSpec
 
     with job_secret(has_secret), sbatch_errors():
         with executor.batch():
-            jobs = [executor.submit(SlurmNodeAgent(to_dict(cfg))) for cfg in cfgs]
+            jobs = [executor.submit(SlurmNodeAgent(TaskSpec.of(cfg))) for cfg in cfgs]
     ids = [str(job.job_id) for job in jobs]
     for cfg, job_id in zip(cfgs, ids):
         write_job_record(Path(cfg.output_dir) / str(cfg.run_id), job_id, cfg, folder)

@@ -4,16 +4,28 @@ sacct and scancel (launcher.backends.slurm.records). submitit loads only when a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Type
 
 from launcher.backends.base import Backend, Description, read_record
+from launcher.backends.slurm.options import SlurmConfig, check_slurm_config
 
 if TYPE_CHECKING:
-    from launcher.config.schema import Config
+    from launcher.backends.allocation import ClusterEnvironment
+    from launcher.config.sections import Config
 
 
 class SlurmBackend(Backend):
     name, label, submits = "slurm", "SLURM job", True
+    cluster, cluster_help = "slurm", "submit a SLURM job through submitit (config: cluster, slurm.*)"
+    options, folders = SlurmConfig, ("slurm",)  # slurm/: submitit's own files of the job
+
+    def check_options(self, cfg: "Config") -> None:
+        check_slurm_config(cfg)
+
+    def allocation(self) -> Optional[Type["ClusterEnvironment"]]:
+        from launcher.backends.slurm.environment import SlurmEnvironment  # a job step of SLURM's: its nodes, rank, node 0
+
+        return SlurmEnvironment
 
     def takes(self, cfg: "Config") -> bool:
         from launcher.backends.slurm.environment import should_submit
@@ -33,12 +45,13 @@ class SlurmBackend(Backend):
         return submit(cfg, wait=wait)
 
     def describe(self, run_dir: Path) -> Description:
-        from launcher.backends.slurm.records import EXIT_CODES, FINAL_STATES, job_state, outcome_line
+        from launcher.backends.slurm.records import FINAL_STATES, exit_code, job_state, outcome_line
 
         job = read_record(Path(run_dir) / "job.json")
         state = job_state(str(job["job_id"]))
         final = state in FINAL_STATES
-        return Description(state, final, EXIT_CODES.get(state, 1) if final else 0, outcome_line(Path(run_dir), job, state))
+        return Description(state, final, exit_code(Path(run_dir), state) if final else 0,
+                           outcome_line(Path(run_dir), job, state))
 
     def running(self, run_dir: Path) -> bool:
         from launcher.runlock import live_holders

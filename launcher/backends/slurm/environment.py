@@ -1,19 +1,22 @@
 """SLURM's environment as the launcher's rendezvous: which node this is, where node 0 is, which port.
 
-Read-only: getters never write os.environ. One SLURM task per node runs the node agent (see
-docs/slurm.md, Design), so SLURM_NODEID is the node rank and SLURM_JOB_NODELIST's first host
-runs node 0. Every node derives the same port from the job id alone, so nothing has to be sent.
+The SLURM engine's launcher.backends.allocation.ClusterEnvironment. Read-only: getters never write
+os.environ. One SLURM task per node runs the node agent (see docs/slurm.md, Design), so SLURM_NODEID
+is the node rank and SLURM_JOB_NODELIST's first host runs node 0. Every node derives the same port
+from the job id alone, so nothing has to be sent.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
-from launcher.config.schema import Config
+from launcher.backends.allocation import ClusterEnvironment
+from launcher.config.sections import Config
 from launcher.errors import ConfigError, LaunchError
 from launcher.backends.slurm.submitit_private import expand_nodelist
 
@@ -59,8 +62,10 @@ def port_for_job(job_id: str) -> int:
 
 
 @dataclass(frozen=True)
-class SlurmEnvironment:
+class SlurmEnvironment(ClusterEnvironment):
     """The SLURM allocation this process runs in, as a node agent needs it."""
+
+    step_signals = (signal.SIGUSR2,)  # its warning before a time limit or a preemption (the trainer's node handles it)
 
     job_id: str
     node_rank: int
@@ -109,6 +114,27 @@ class SlurmEnvironment:
         """A run id every node of the job agrees on without talking (used when none was given)."""
         return f"slurm-{self.job_id}"
 
+    def adopt(self, cfg: Config) -> Config:
+        """Inside a SLURM job step, the allocation decides the nodes, this node's rank and node 0's address."""
+        if self.ntasks != self.num_nodes:
+            raise ConfigError(
+                f"SLURM started {self.ntasks} tasks on {self.num_nodes} node(s), but the launcher runs one task per node "
+                f"(its agent starts the --gpus workers): use `srun --ntasks-per-node=1 python -m launcher ...`")
+        if cfg.nodes not in (1, self.num_nodes):
+            raise ConfigError(f"--nodes {cfg.nodes} but this SLURM job has {self.num_nodes} node(s): "
+                              f"drop --nodes inside an allocation, or allocate {cfg.nodes} nodes")
+        cfg.nodes = self.num_nodes
+        if self.cpus_per_task and not cfg.launcher.omp_threads:
+            # The task owns SLURM_CPUS_PER_TASK CPUs, whatever the affinity mask says (without
+            # task/affinity or cgroups it shows the whole machine): split those among the workers.
+            cfg.launcher.omp_threads = max(1, self.cpus_per_task // cfg.gpus)
+        cfg.run_id = cfg.run_id or self.run_id
+        if self.num_nodes > 1:
+            cfg.rdzv.node_rank = self.node_rank
+            cfg.rdzv.master_addr = self.master_addr
+            cfg.rdzv.master_port = self.master_port
+        return cfg
+
 
 def hostnames_via_scontrol(nodelist: str) -> Optional[List[str]]:
     """`scontrol show hostnames` where it is installed (it knows every form); None if it is not."""
@@ -118,31 +144,6 @@ def hostnames_via_scontrol(nodelist: str) -> Optional[List[str]]:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.split()
-
-
-def adopt_allocation(cfg: Config) -> Config:
-    """Inside a SLURM job step, the allocation decides the nodes, this node's rank and node 0's address."""
-    if not SlurmEnvironment.detect():
-        return cfg
-    env = SlurmEnvironment.from_environ()
-    if env.ntasks != env.num_nodes:
-        raise ConfigError(
-            f"SLURM started {env.ntasks} tasks on {env.num_nodes} node(s), but the launcher runs one task per node "
-            f"(its agent starts the --gpus workers): use `srun --ntasks-per-node=1 python -m launcher ...`")
-    if cfg.nodes not in (1, env.num_nodes):
-        raise ConfigError(f"--nodes {cfg.nodes} but this SLURM job has {env.num_nodes} node(s): "
-                          f"drop --nodes inside an allocation, or allocate {cfg.nodes} nodes")
-    cfg.nodes = env.num_nodes
-    if env.cpus_per_task and not cfg.launcher.omp_threads:
-        # The task owns SLURM_CPUS_PER_TASK CPUs, whatever the affinity mask says (without
-        # task/affinity or cgroups it shows the whole machine): split those among the workers.
-        cfg.launcher.omp_threads = max(1, env.cpus_per_task // cfg.gpus)
-    cfg.run_id = cfg.run_id or env.run_id
-    if env.num_nodes > 1:
-        cfg.rdzv.node_rank = env.node_rank
-        cfg.rdzv.master_addr = env.master_addr
-        cfg.rdzv.master_port = env.master_port
-    return cfg
 
 
 def should_submit(cfg: Config) -> bool:

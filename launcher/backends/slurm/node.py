@@ -23,7 +23,9 @@ from typing import List, Optional
 from launcher.agent.processes import running_worker_pids
 from launcher.agent.zygote import die_with_parent
 from launcher.backends.dispatch import launch
-from launcher.backends.slurm.environment import SlurmEnvironment, adopt_allocation
+from launcher.backends import registry
+from launcher.backends.local import note_preemption
+from launcher.backends.slurm.environment import SlurmEnvironment
 from launcher.clock import process_start_time
 from launcher.config.schema import from_dict
 from launcher.errors import LauncherError
@@ -40,7 +42,9 @@ def stop_workers(signum: int, _frame: Optional[FrameType]) -> None:
     SLURM may have signalled them already (proctrack signals every process of the step), and the task's
     process passes its USR2 on here too: a repeat within the trainer's window is ignored (trainers.faults.stop).
     The workers of the other nodes stop at the same step: the ranks agree on a stop at every step boundary.
+    The job then ends "preempted", not failed (launcher.backends.local.Preemption).
     """
+    note_preemption(signum)
     pids = running_worker_pids()  # the workers this process started (launcher.agent.processes keeps them)
     for pid in pids:
         try:
@@ -91,8 +95,8 @@ def main(argv: List[str]) -> int:
     setup_launcher_logging(None)
     started = process_start_time()
     try:  # the run directory is this job's (submit made it), on its first attempt as on a requeue
-        cfg = adopt_allocation(from_dict(config))
-        return launch(cfg, dry_run=False, started=started, continuing=lambda _: note_requeue(env, run_dir))
+        cfg = registry.adopt_allocation(from_dict(config))
+        return launch(cfg, started, continuing=lambda _: note_requeue(env, run_dir))
     except LauncherError as e:
         print(f"error: node {env.node_rank}: {e}", file=sys.stderr, flush=True)
         return e.exit_code

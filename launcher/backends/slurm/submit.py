@@ -20,11 +20,12 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from launcher.backends.base import KIND_FIELD
 from launcher.config.rdzv_secret import read_rdzv_secret
-from launcher.config.schema import Config, to_dict, to_yaml
+from launcher.config.schema import Config, to_yaml
 from launcher.errors import ConfigError, LaunchError
 from launcher.plan import new_run_id
 from launcher.rundir import create_run_dir, write_atomic, write_json
 from launcher.runlock import existing_run
+from launcher.backends.slurm.options import slurm_section
 from launcher.backends.slurm.records import JOB_FILE, wait_for_job
 from launcher.backends.slurm.submitit_private import sbatch_script
 from launcher.runtime import env
@@ -56,7 +57,7 @@ def write_job_record(run_dir: Path, job_id: str, cfg: Config, folder: Path) -> D
 
 def executor_parameters(cfg: Config, gpus_per_node: int) -> Dict[str, Any]:
     """submitit SlurmExecutor parameters: one task per node, CPUs for the node's workers."""
-    s = cfg.slurm
+    s = slurm_section(cfg)
     cpus = s.cpus_per_task or max(cfg.gpus, cfg.gpus * cfg.launcher.omp_threads)
     params: Dict[str, Any] = {
         "job_name": s.job_name or f"launcher-{cfg.run_id}",
@@ -78,7 +79,7 @@ def executor_parameters(cfg: Config, gpus_per_node: int) -> Dict[str, Any]:
 def build_executor(cfg: Config, folder: Path, gpus_per_node: int) -> Any:
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.slurm.max_requeues, python=sys.executable)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=slurm_section(cfg).max_requeues, python=sys.executable)
     try:
         executor.update_parameters(**executor_parameters(cfg, gpus_per_node))
     except ValueError as e:  # submitit names the unknown parameter
@@ -87,7 +88,8 @@ def build_executor(cfg: Config, folder: Path, gpus_per_node: int) -> Any:
 
 
 def gpus_to_request(cfg: Config) -> int:
-    if cfg.slurm.gpus == "never" or (cfg.slurm.gpus == "auto" and not partition_has_gpus(cfg.slurm.partition)):
+    s = slurm_section(cfg)
+    if s.gpus == "never" or (s.gpus == "auto" and not partition_has_gpus(s.partition)):
         return 0  # a CPU cluster: --gpus workers without GPUs
     return cfg.gpus
 
@@ -123,9 +125,9 @@ def submit(cfg: Config, dry_run: bool = False, wait: bool = False) -> int:
         return 0
     run_dir, executor, _ = prepare(cfg)
     if (run_dir / "config.yaml").is_file():  # a requeue reuses it; a new submission never does
-        raise existing_run(run_dir, cfg.run_id)
-    has_secret = read_rdzv_secret(cfg.rdzv.secret_file, os.environ) is not None  # an unreadable file: named now
-    create_run_dir(cfg.output_dir, cfg.run_id)
+        raise existing_run(run_dir, run_dir.name)  # prepare() gave cfg its run_id: run_dir's name
+    has_secret = read_rdzv_secret(cfg.rdzv.secret_file, os.environ, warn=True) is not None  # an unreadable file: named now
+    create_run_dir(cfg.output_dir, run_dir.name, cfg.launcher.allow_other_owner)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg, recorded=True))
     with job_secret(has_secret):
         job = _submit(executor, cfg)
@@ -155,10 +157,10 @@ def job_secret(has_secret: bool) -> Iterator[None]:
 def _submit(executor: Any, cfg: Config) -> Any:
     # Imported only when a job is really submitted: the task loads torch's elastic agent (2.3 s,
     # -X importtime), which --dry-run and the status/logs/cancel commands never need.
-    from launcher.backends.slurm.task import SlurmNodeAgent
+    from launcher.backends.slurm.task import SlurmNodeAgent, TaskSpec
 
     with sbatch_errors():
-        return executor.submit(SlurmNodeAgent(to_dict(cfg)))
+        return executor.submit(SlurmNodeAgent(TaskSpec.of(cfg)))
 
 
 @contextlib.contextmanager

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypeGuard
+
+from launcher.runtime import store_problems
 
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # scheme -> the setup.cfg extra that installs it
 STEP = re.compile(r"^step-(\d{8})$")
 MANIFEST = "manifest.json"
 
 
-def is_url(location: Any) -> bool:
+def is_url(location: Any) -> TypeGuard[str]:  # a str where true: the type checker narrows with it
     return isinstance(location, str) and URL.match(location) is not None
 
 
@@ -47,25 +47,15 @@ def filesystem(url: str) -> Tuple[Any, str]:
     seconds to make."""
     import fsspec
 
+    store_problems.quiet_clients()
     fs, path = fsspec.core.url_to_fs(url, **options(url))
     fs.invalidate_cache()
     return fs, path.rstrip("/")
 
 
-def missing_implementation(url: str) -> Optional[str]:
-    """Why url's scheme cannot be used here (no fsspec implementation installed), else None."""
-    import fsspec
-
-    name = scheme(url)
-    try:
-        fsspec.get_filesystem_class(name)
-    except ImportError:
-        extra = EXTRAS.get(name)
-        how = f"pip install 'torch-launcher[{extra}]'" if extra else f"install the fsspec implementation for {name}://"
-        return f"{name}:// needs a package that is not installed: {how}"
-    except ValueError:
-        return f"{name}:// is not a storage scheme fsspec knows: use s3://, gs:// or another fsspec URL"
-    return None
+def unusable(url: str) -> Optional[str]:
+    """Why url cannot be used here before any network (launcher.runtime.store_problems), else None."""
+    return store_problems.url_problem(url) or store_problems.missing_package(url)
 
 
 def join(url: str, *names: str) -> str:
@@ -136,30 +126,46 @@ def set_aside(checkpoint: str) -> None:
     remove(checkpoint)
 
 
+def after_failed_save(url: str, error: BaseException) -> str:
+    """What a save to url that failed with error left of the checkpoints published before it, and what to do, as the
+    store says now: a failed save never touches them, but a bucket deleted meanwhile took them with it. A store that
+    did not answer is not asked again (the save's own timeouts were spent on it)."""
+    fix = "check that the object store is reachable and writable (AWS_ENDPOINT_URL, credentials), then resume"
+    if store_problems.unanswered(error):
+        return f"this save did not touch the checkpoints published before it: {fix}"
+    bucket = url.split("://", 1)[1].split("/", 1)[0]
+    try:
+        fs, _ = filesystem(url)
+        gone = not fs.exists(bucket)
+        published = [] if gone else list_checkpoints(url)
+    except Exception as e:  # the store's client errors, whose classes need its imports
+        if not store_problems.is_store_error(e):
+            raise
+        return f"whether the checkpoints published before it are still there could not be checked: {fix}"
+    if gone:
+        return (f"the bucket {bucket} no longer exists, and the checkpoints published before it went with it: create "
+                "the bucket again (or fix checkpoint.dir) and start the run again")
+    if not published:
+        return f"no published checkpoint is left in {url} (deleted meanwhile): start the run again"
+    return f"the checkpoints published before it are there, the newest {published[0].rsplit('/', 1)[-1]}: {fix}"
+
+
 def preflight(url: str, key: str = "checkpoint.dir") -> Optional[str]:
     """Why url cannot hold checkpoints (or, key output_dir, run records): the store unreachable, no such bucket,
     not writable; else None.
 
     Writes and deletes one empty probe object: only a write shows that these credentials may write there.
     """
-    fs, path = filesystem(url)
-    probe = f"{path}/.launcher-probe-{uuid.uuid4().hex}"
+    problem = unusable(url) or store_problems.endpoint_problem(url)
+    if problem:
+        return problem
     try:
+        fs, path = filesystem(url)
+        probe = f"{path}/.launcher-probe-{uuid.uuid4().hex}"
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
-    except FileNotFoundError:
-        bucket = path.split("/", 1)[0]
-        return f"the bucket {bucket} does not exist: create it, or fix the bucket name in {key}"
-    except PermissionError as e:
-        return f"not writable with these credentials ({_first_line(e)}): check AWS_ACCESS_KEY_ID/AWS_PROFILE " \
-               "and the bucket's permissions"
     except Exception as e:  # botocore's connection errors and the like, whose classes need s3fs's imports
-        where = os.environ.get("AWS_ENDPOINT_URL") if scheme(url) in ("s3", "s3a") else None
-        return f"cannot reach the object store{f' at {where}' if where else ''} ({e.__class__.__name__}: " \
-               f"{_first_line(e)}): check the endpoint (AWS_ENDPOINT_URL or your profile's endpoint_url) and the network"
+        if not store_problems.is_store_error(e):
+            raise
+        return store_problems.explain(e, url, key)
     return None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else ""

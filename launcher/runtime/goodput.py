@@ -2,8 +2,9 @@
 
 Rank 0 of each attempt keeps one small record in <run_dir>/goodput/ (GoodputClock); the agent adds one
 for each failed attempt it saw (record_failure); job_goodput sums one launch's records along a single
-timeline, plus the earlier launches' totals (a resumed or requeued run) from their summary.json.
-Torch-free: the launcher imports it to write summary.json.
+timeline, plus the earlier launches' totals (a resumed or requeued run) from their summary.json. The records'
+fields are launcher.runtime.schema's GOODPUT, FAILURE and ROUND; each is checked as it is read back.
+Torch-free: the launcher imports it to write summary.json, the built-in trainer to keep its clock.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from launcher.runtime import formatting, safefs
-
-from ..faults.diskspace import disk_full, full_while_writing
+from launcher.runtime.diskspace import disk_full, full_while_writing
+from launcher.runtime.schema import FAILURE, GOODPUT, GOODPUT_DIR, GOODPUT_RECORD_BYTES, ROUND, SUMMARY, Status
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
 # membership: an elastic job re-forming after a node left or joined (its re-rendezvous and restart), not a failure's
@@ -25,8 +26,8 @@ CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "membership",
 # up to the worker's code running (launcher, rendezvous, fork; re-rendezvous and re-fork on a restart), its
 # process group, building model, data and optimizer, loading the newest checkpoint, then the first step's start.
 PHASES = ("launch", "process_group", "build", "reload", "first_step")
-DIR = "goodput"
-RECORD_BYTES = 1024  # a record is rewritten in place, padded to this size: one pwrite per step, no rename
+DIR, RECORD_BYTES = GOODPUT_DIR, GOODPUT_RECORD_BYTES  # a record is rewritten in place, padded: one pwrite per step
+RECORDS = {"attempt": GOODPUT, "failure": FAILURE, "round": ROUND}  # <launch>-<kind>-<n>.json
 
 
 def launch_key(started: float) -> str:
@@ -102,10 +103,11 @@ class GoodputClock:
         try:
             os.pwrite(self._fd, data.ljust(RECORD_BYTES) if len(data) < RECORD_BYTES else data, 0)
         except OSError as e:
-            if disk_full(e) is None:
+            full = disk_full(e)
+            if full is None:
                 raise
             assert self._path is not None
-            raise full_while_writing("the goodput record", self._path, e.errno) from None
+            raise full_while_writing("the goodput record", self._path, full) from None
 
 
 def record_failure(run_dir: str, started: float, attempt: int, hang: bool = False) -> None:
@@ -118,16 +120,8 @@ def record_failure(run_dir: str, started: float, attempt: int, hang: bool = Fals
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({"detected_at": time.time(), "hang": hang}, f)
-    except OSError:  # a full disk: an empty record reads as none (_read)
+    except OSError:  # a full disk: an empty record reads as none (_attempts)
         pass
-
-
-def _read(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        data = json.loads(path.read_bytes().decode().strip() or "null")
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def first_step_of_launch(run_dir: Optional[str], started: Optional[float]) -> Optional[float]:
@@ -139,18 +133,30 @@ def first_step_of_launch(run_dir: Optional[str], started: Optional[float]) -> Op
     return min(firsts) if firsts else None
 
 
+def kept_steps(run_dir: Path, started: float) -> List[Any]:
+    """The step of the newest checkpoint each attempt of the launch that started at `started` says was published:
+    what changes when the built-in trainer publishes one (launcher.objectstore.runrecord uploads the record then)."""
+    attempts = _attempts(run_dir, launch_key(started), "attempt")
+    return [(record.get("kept") or {}).get("step") for _, record in sorted(attempts.items())]
+
+
 def _attempts(run_dir: Path, key: str, kind: str) -> Dict[int, Dict[str, Any]]:
+    """{n: record} of one launch's records of a kind, each checked (RECORDS): empty, malformed or linked ones are
+    left out."""
     found = {}
     for path in (run_dir / DIR).glob(f"{key}-{kind}-*.json"):
-        record = _read(path)
+        try:
+            record = RECORDS[kind].read(json.loads(safefs.read_bytes(str(path), root=str(run_dir)) or b"null"))
+        except (OSError, ValueError, RecursionError):
+            continue
         suffix = path.stem.rsplit("-", 1)[1]
-        if record is not None and suffix.isdigit():
+        if record and suffix.isdigit():
             found[int(suffix)] = record
     return found
 
 
 def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], failures: Dict[int, Dict[str, Any]],
-            status: str, phases: Optional[Dict[str, Dict[str, float]]] = None,
+            status: Status, phases: Optional[Dict[str, Dict[str, float]]] = None,
             changes: Sequence[float] = ()) -> Dict[str, float]:
     """Seconds of one launch by cause, plus "good": they add up to ended - started by construction.
 
@@ -171,7 +177,7 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
         record = attempts.get(n, {})
         first, until = record.get("first_step_at"), record.get("active_until")
         ran = first is not None and until is not None and first >= cursor
-        if ran:
+        if first is not None and until is not None and ran:  # repeated: it narrows first and until
             restart = "membership" if any(cursor <= t <= first for t in changes) else "restart"
             seconds[restart if stepped else "startup"] += first - cursor
             if phases is not None:
@@ -180,7 +186,7 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
             loop = until - first
             block = float(record.get("block_s", 0.0))
             kept = record.get("kept")
-            if n == last and status == "completed":
+            if n == last and status == Status.COMPLETED:
                 good = loop - block
             elif kept is not None:
                 good = max(0.0, kept["at"] - first - kept["block_s"])
@@ -192,13 +198,13 @@ def account(started: float, ended: float, attempts: Dict[int, Dict[str, Any]], f
             cursor = until
         failure = failures.get(n)
         if failure is not None and failure["detected_at"] >= cursor:
-            hang = failure.get("hang") or (status == "hung" and n == max(failures))  # the watchdog stopped it
+            hang = failure.get("hang") or (status == Status.HUNG and n == max(failures))  # the watchdog stopped it
             # an attempt that failed before its first step spent its time starting: that start was lost
             cause = "hang" if hang else ("failure_detection" if ran else ("restart" if stepped else "startup"))
             seconds[cause] += failure["detected_at"] - cursor
             cursor = failure["detected_at"]
     tail = max(0.0, ended - cursor)
-    seconds["hang" if status == "hung" else ("shutdown" if stepped else "startup")] += tail
+    seconds["hang" if status == Status.HUNG else ("shutdown" if stepped else "startup")] += tail
     return seconds
 
 
@@ -221,15 +227,13 @@ def previous_totals(run_dir: Path, started: float) -> Optional[Dict[str, Any]]:
     try:
         if path.stat().st_mtime >= started:
             return None  # this launch's own
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        summary = SUMMARY.read(json.loads(safefs.read_bytes(str(path), root=str(run_dir))))
+    except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(summary, dict) or not isinstance(summary.get("badput_s"), dict):
-        return None
-    return summary
+    return summary if isinstance(summary.get("badput_s"), dict) else None
 
 
-def job_goodput(run_dir: Optional[str], started: float, ended: float, status: str) -> Dict[str, Any]:
+def job_goodput(run_dir: Optional[str], started: float, ended: float, status: Status) -> Dict[str, Any]:
     """goodput, goodput_s, badput_s by cause and goodput_wall_s, job-wide: this launch and the earlier ones."""
     if not run_dir:
         return {}
@@ -266,7 +270,7 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: st
 def membership_changes(run_dir: Path, started: float) -> List[Dict[str, Any]]:
     """An elastic job's membership changes in this launch, oldest first: [{at, round, left, joined, nodes,
     world_size}], from the node agents' records of each rendezvous round (launcher.agent.membership)."""
-    rounds = [r for r in _attempts(run_dir, launch_key(started), "round").values() if isinstance(r.get("nodes"), list)]
+    rounds = list(_attempts(run_dir, launch_key(started), "round").values())
     rounds.sort(key=lambda r: (int(r.get("round", 0)), float(r.get("at", 0))))
     changes = []
     for before, after in zip(rounds, rounds[1:]):

@@ -1,8 +1,8 @@
 """Checkpoints on disk, without torch: where they are, which verify against their manifest.
 
 The launcher reads these (resume, the hint after a stopped run) and must not pay for importing
-torch.distributed.checkpoint (1.4 s of start-up) to list a directory; trainers.checkpoint.store writes
-and loads them.
+torch.distributed.checkpoint (1.4 s of start-up) to list a directory; the built-in trainer
+(launcher.trainers.checkpoint.store) writes and loads them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import objects
+from launcher.runtime import objects, safefs
 
 FORMAT = 1
 MANIFEST = objects.MANIFEST
 TMP_PREFIX = ".tmp-step-"  # a save in progress; one left by a killed job (or a link planted as one) is cleared
 STEP_DIR = objects.STEP
 log = logging.getLogger("launcher.checkpoint")
-Location = Union[Path, str]  # a local folder, or an object-store URL (trainers.checkpoint.objects)
+Location = Union[Path, str]  # a local folder, or an object-store URL (launcher.runtime.objects)
 
 
 def checkpoint_dir(cfg: Any, run_dir: Optional[str]) -> Optional[Location]:
@@ -81,7 +81,8 @@ def _local_size_and_sha256(file: Path, expected_size: int) -> tuple:
 def read_manifest(path: Location) -> Dict[str, Any]:
     if isinstance(path, str):
         return objects.read_manifest(path)
-    data = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    with os.fdopen(safefs.open_regular(str(path / MANIFEST)), encoding="utf-8") as f:  # a FIFO there: refused, not waited on
+        data = json.loads(f.read())
     if not isinstance(data, dict):
         raise ValueError("manifest is not an object")
     return data
@@ -103,7 +104,7 @@ def latest_valid(ckpt_dir: Location, warn: Callable[[str], None] = log.warning, 
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(safefs.open_regular(str(path)), "rb") as f:  # a FIFO planted there: damaged, not a wait
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -1,6 +1,6 @@
 """The `ray:` config section: how a --cluster ray job is placed on a Ray cluster (launcher/backends/ray/).
 
-Its own module so the schema stays one screenful per concern; nothing here imports ray.
+The Ray engine's own keys (launcher.backends.ray.backend declares them); nothing here imports ray.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ class RayConfig:
     ship_code: bool = True
     ship_limit_mb: float = 100.0  # the shipped folder's size after excludes, at most (Ray's own upload limit is 512 MiB)
     node_death_s: float = 30.0  # after a node agent fails, how long Ray may take to say its node died (node failure vs rank failure)
+
+
+def ray_section(cfg: Any) -> RayConfig:
+    """A loaded config's ray: section (launcher.config.schema.config_class adds it: Config itself declares none)."""
+    section: RayConfig = cfg.ray
+    return section
 
 
 def check_ray_config(cfg: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Set
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -16,7 +16,8 @@ class DiskFullError(OSError):
 
 def disk_full(error: BaseException) -> Optional[OSError]:
     """The out-of-space OSError inside error (DCP wraps each rank's in `failures`), if there is one."""
-    seen, todo = set(), [error]
+    seen: Set[int] = set()
+    todo: List[Optional[BaseException]] = [error]  # None: an error without a cause or context
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
@@ -53,7 +54,7 @@ def free_space(path: Path) -> str:
     return ""
 
 
-def full_while_writing(what: str, path: Path, errnum: int) -> DiskFullError:
+def full_while_writing(what: str, path: Path, full: OSError) -> DiskFullError:
     """The one line for a write that ran out of space outside a checkpoint: what, where, how much is left, the fix."""
-    return DiskFullError(errnum, f"disk full while writing {what} {path} ({free_space(path.parent)} free there): "
-                                 "free space or point output_dir elsewhere")
+    return DiskFullError(full.errno, f"disk full while writing {what} {path} ({free_space(path.parent)} free there): "
+                                     "free space or point output_dir elsewhere")
