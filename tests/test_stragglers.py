@@ -19,6 +19,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SCRIPT = Path(__file__).parent / "scripts" / "slow_rank.py"
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, as on these machines
 SHAPES = {"gpus-4": (["--gpus", "4"], 0), "nodes-2": (["--nodes", "2", "--gpus", "2"], 1)}  # rank 3's node
+# Each run ahead of the other tests' processes (nice -10, as root): those take the CPU from a rank for seconds, so in
+# CI a uniform run's rank computed 3x longer than the others (and is rightly named), and the others' compute grew
+# until a rank slowed by 40 ms a step lagged 4.6x, under STRONG, and was named at step 52-69 instead of 35.
+NICE = -10 if os.geteuid() == 0 else 0
 
 
 @pytest.fixture
@@ -37,8 +41,8 @@ def cpu_limit(tmp_path):
         group.rmdir()
 
 
-def launch(tmp_path, shape, how, steps, nice=0):
-    done = subprocess.run(["nice", "-n", str(nice), sys.executable, "-m", "launcher", *SHAPES[shape][0], f"output_dir={tmp_path / 'runs'}",
+def launch(tmp_path, shape, how, steps):
+    done = subprocess.run(["nice", "-n", str(NICE), sys.executable, "-m", "launcher", *SHAPES[shape][0], f"output_dir={tmp_path / 'runs'}",
                            "watchdog.timeout_s=0", str(SCRIPT), "3", how, str(steps)],
                           cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -73,9 +77,7 @@ def test_a_slow_rank_is_named_by_what_it_computes(tmp_path, request, shape, how)
 
 
 def test_a_uniform_run_of_2000_steps_names_no_straggler(tmp_path):
-    # ahead of the other tests' processes (nice -10, as root): a rank those take the CPU from for seconds computes
-    # 3x longer than the others (seen in CI) and is rightly named, so the run would not be uniform
-    run_dir, rows, err = launch(tmp_path, "gpus-4", "none", 2000, nice=-10 if os.geteuid() == 0 else 0)
+    run_dir, rows, err = launch(tmp_path, "gpus-4", "none", 2000)
     summary = read_summary(run_dir)
     assert summary["steps"] == 2000 and summary["straggler_rank"] is None and "straggler" not in summary
     assert not [r["step"] for r in rows if r.get("straggler_rank") is not None], rows
