@@ -10,6 +10,8 @@ PERSIST = 4  # windows in a row for a lesser lag: a loaded 2-core machine gave o
              # others' compute for 2 windows (twice in CI's runs); a slowed rank computed 5-13x theirs
 LAGS = 3.0  # a rank computing this many times the median rank's lags, however much of the step is waiting anyway
 STRONG = 5.0  # times the median rank's compute
+HOLDS = 0.5  # or, at LAGS or more, the others wait for it this much of their step: a loaded machine slowed the other
+             # ranks of CI's run to 3.6x a sleeping rank's lag, which held them half the step; noise held them 0.37
 
 
 def median(values: List[float]) -> float:
@@ -36,6 +38,14 @@ def compute_ratio(compute: List[float]) -> float:
     return max(compute) / middle if middle > 0 else 0.0
 
 
+def lags_strongly(compute: List[float], step_s: float) -> bool:
+    """Whether the slowest rank's lag is past doubt in one window: STRONG times the median rank's compute, or LAGS
+    times it while the others wait for it HOLDS of their step."""
+    ratio = compute_ratio(compute)
+    held = step_s > 0 and len(compute) > 1 and max(compute) - median(compute) >= HOLDS * step_s
+    return ratio >= STRONG or (ratio >= LAGS and held)
+
+
 def verdict(rank: int, ratio: float, per_node: int) -> str:
     """The line that names a straggler, by what it computes (a script's ranks step together: compute, not step time)."""
     node = f" (node {rank // per_node})" if per_node > 0 else ""
@@ -43,7 +53,7 @@ def verdict(rank: int, ratio: float, per_node: int) -> str:
 
 
 class Lagging:
-    """A rank named only once it lagged SUSTAIN windows in a row by STRONG (PERSIST by less), and cleared once it has
+    """A rank named only once it lagged SUSTAIN windows in a row strongly (PERSIST by less), and cleared once it has
     not for SUSTAIN: a loaded machine's noise names nobody, and a rank that holds the others up is named in ~2 s."""
 
     def __init__(self) -> None:
@@ -68,7 +78,7 @@ class Lagging:
 
     def see_window(self, compute: List[float], step_s: float, fraction: float) -> Optional[int]:
         """A window's compute per rank and its step time: the rank named after it."""
-        return self.see(compute_straggler(compute, step_s, fraction), compute_ratio(compute) >= STRONG)
+        return self.see(compute_straggler(compute, step_s, fraction), lags_strongly(compute, step_s))
 
 
 def stragglers(step_times: List[float], fraction: float) -> Dict[str, Any]:
