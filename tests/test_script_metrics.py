@@ -123,6 +123,7 @@ def test_a_restarted_script_keeps_one_record_and_one_wandb_run(tmp_path):
     assert {r["attempt"] for r in rows} == {0, 1}
     assert all(b["step"] >= a["step"] for a, b in zip(rows, rows[1:]))  # one growing axis, for W&B
     assert len(wandb_runs(run_dir)) == 1
+    assert result(tmp_path)["wandb_service_inherited"] is False  # the launcher's W&B service is not the restarted rank's
 
 
 def test_metrics_scripts_false_records_nothing(tmp_path):

@@ -36,6 +36,10 @@ from launcher.runtime.goodput import launch_key
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
 NEVER_TO_WORKERS = (env.RDZV_SECRET,)  # the agents' alone: a worker's environment gets copied into logs and trackers
+# Set in this process by the launcher's own W&B run starting its service (wandb's service token): a restarted
+# script's wandb.init then joined the launcher's service, where under torchrun it starts its own. Kept where the
+# user's environment brought one (a service they run for their ranks).
+WANDB_SERVICE = "WANDB_SERVICE"
 
 
 def run_node(plan: LaunchPlan, spec: AgentSpec, logs_specs: Optional[RunDirLogsSpecs] = None,
@@ -96,6 +100,8 @@ def run_node(plan: LaunchPlan, spec: AgentSpec, logs_specs: Optional[RunDirLogsS
 def worker_job(plan: LaunchPlan, spec: AgentSpec, agent_env: Tuple[str, ...] = ()) -> WorkerJob:
     """What this node's workers run, and in what environment (agent_env: the agent's own variables, left out)."""
     dropped = agent_env + NEVER_TO_WORKERS + (AGENT_ONLY_ENV if spec.kind != "trainer" else ())  # the trainer times its first step
+    if WANDB_SERVICE not in os.environ:  # none of the user's: one set from here on is the launcher's own W&B run's
+        dropped += (WANDB_SERVICE,)
     return WorkerJob(kind=spec.kind, target=spec.target, args=spec.args, run_dir=plan.run_dir,
                      added_env=dict(plan.worker_env), dropped_env=dropped, start_method=plan.start_method,
                      exit_timeout_s=spec.exit_timeout_s, heartbeat=spec.watchdog_timeout_s > 0,

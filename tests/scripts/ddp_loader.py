@@ -4,7 +4,8 @@
                   [--global-batch B]
 
 Nothing in it knows the launcher except --launcher-log, which calls launcher.log() (a no-op under torchrun). Rank 0
-writes DIR/result.json: its optimizer steps, its last loss and, with --wandb, the id of the W&B run it started.
+writes DIR/result.json: its optimizer steps, its last loss, with --wandb the id of the W&B run it started, and
+whether it started with a W&B service's token in its environment (a fresh torchrun worker has none).
 --fail-rank R --fail-step S: rank R raises at optimizer step S of the first attempt (to be restarted).
 --global-batch B: each rank's DataLoader takes B / WORLD_SIZE, as a script that keeps its global batch does (strong
 scaling, tests/test_scale_scripts.py); without it every rank takes 16 whatever the world size.
@@ -22,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 BATCH = 16
+INHERITED = "WANDB_SERVICE" in os.environ  # before this script's own wandb.init sets it
 
 
 def main() -> None:
@@ -75,7 +77,8 @@ def main() -> None:
             time.sleep(args.sleep)
     if rank == 0:
         with open(os.path.join(args.out, "result.json"), "w") as f:
-            json.dump({"steps": steps, "loss": last, "wandb_id": run.id if run is not None else None}, f)
+            json.dump({"steps": steps, "loss": last, "wandb_id": run.id if run is not None else None,
+                       "wandb_service_inherited": INHERITED}, f)
     if run is not None:
         run.finish()
     dist.destroy_process_group()
