@@ -67,6 +67,7 @@ def main() -> int:
     me = psutil.Process()
     out = tempfile.mkdtemp(prefix="api-stress-")
     load = burners(args.load)
+    burning = {p.pid for p in load}
     rows: List[Dict[str, Any]] = []
     try:
         for i in range(args.launches):
@@ -86,7 +87,8 @@ def main() -> int:
             expected = [{"rank": r, "world": args.gpus, "sum": float(sum(range(args.gpus)))} for r in range(args.gpus)]
             row = {"launch": i, "wall_s": round(wall, 2), "hung": thread.is_alive(),
                    "ok": done.get("result") == expected, "error": done.get("error"),
-                   "children": len(me.children(recursive=True)), "fds": me.num_fds(), "threads": me.num_threads()}
+                   "children": len([c for c in me.children(recursive=True) if c.pid not in burning]),  # not --load's
+                   "fds": me.num_fds(), "threads": me.num_threads()}
             rows.append(row)
             print(json.dumps(row), flush=True)
             if row["hung"]:

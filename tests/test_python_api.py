@@ -120,6 +120,8 @@ def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_env
         "    left.write('kept')\n"
         "    sys.modules['__main__'].__dict__.setdefault('kept', []).append(left)\n"
         "    atexit.register(lambda: open(os.path.join(OUT, f'atexit-{rank}'), 'w').write('ran'))\n"
+        "    import threading, time  # a thread the function leaves running: joined before the process ends\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.3), open(os.path.join(OUT, f'thread-{rank}'), 'w').write('ran'))).start()\n"
         "    return {'sum': total.item(), **{k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR')}}\n\n"
         "if __name__ == '__main__':\n"
         "    values = launcher.launch(reduce, 10.0, gpus=2, output_dir=sys.argv[1], wandb_mode='disabled')\n"
@@ -133,8 +135,9 @@ def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_env
     run_dir = next(p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # a launcher run like any
     assert [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".")] == []  # the call file is gone
-    for rank in (0, 1):  # a rank's process ended as an interpreter does: atexit handlers, files flushed
-        assert (tmp_path / f"atexit-{rank}").read_text() == "ran"
+    for rank in (0, 1):  # a rank's process ended as an interpreter does: threads joined, atexit handlers, files
+        assert (tmp_path / f"atexit-{rank}").read_text() == "ran"  # flushed (docs/python-api.md)
+        assert (tmp_path / f"thread-{rank}").read_text() == "ran"
         assert (tmp_path / f"left-open-{rank}").read_text() == "kept"
 
 

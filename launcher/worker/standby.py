@@ -19,7 +19,11 @@ import signal
 # backends the registry looks at): ahead, not after the call. One left out is imported by the launch, as before.
 LAUNCH_MODULES = ("launcher.cli", "launcher.run", "launcher.backends.dispatch", "launcher.backends.local",
                   "launcher.backends.slurm.backend", "launcher.backends.ray.backend", "launcher.agent.launch",
-                  "launcher.runlock", "launcher.objectstore.runrecord", "omegaconf", "encodings.idna")
+                  "launcher.runlock", "launcher.objectstore.runrecord", "omegaconf", "encodings.idna",
+                  # the job's W&B run (on by default, offline): wandb, and what its init imports every time (its
+                  # launch-job inputs: wandb's public API and pydantic models, about 1 CPU-s). Imports change no
+                  # environment variable; its service starts with the run, as before.
+                  "wandb", "wandb.sdk.launch.inputs.internal")
 
 
 def ahead(idle_s: str, parent: str, fd: str) -> "object":
