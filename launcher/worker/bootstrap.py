@@ -34,10 +34,6 @@ import types  # noqa: E402
 MAIN_KEYS = tuple(k for k in sys.modules["__main__"].__dict__ if k.startswith("__"))  # a fresh __main__'s names
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 DONE_AT = 1.0  # launcher.runtime.beats: a heartbeat file's mtime once the rank is finished
-# Modules whose ranks end as a multiprocessing child does (launcher.api.worker: launch()/submit()'s function, which
-# mp.spawn and notebook_launcher end so): threads joined and atexit handlers run, then os._exit, without the
-# interpreter's teardown of torch (0.9 s a rank). A script, or any other module, exits as under torchrun.
-ENDS_AS_A_CHILD = ("launcher.api.worker",)
 WORKER_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a worker holds them until its rank's code starts
 
@@ -207,36 +203,12 @@ def become_worker(spec: dict, fds: list, parent: int) -> None:
             pass
     status.write(f"done {code} {time.time()!r}\n")  # when, by this machine's clock: the first rank to fail is the cause
     status.close()
-    if spec["kind"] == "module" and spec["target"] in ENDS_AS_A_CHILD:
-        end_as_a_child(code)
+    if spec["kind"] == "module" and spec["target"] == "launcher.api.worker":  # launch()'s function: as mp's ranks end
+        __import__("launcher.worker.ending").worker.ending.end_as_a_child(code)  # (its process holds launcher already)
     # The interpreter's normal exit, as under torchrun: atexit handlers, flushed files, and Python's Ctrl-C (its
     # traceback names threading or an atexit handler). One in the instant before is this file's: __main__ is quiet.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(code)
-
-
-def end_as_a_child(code: int) -> None:
-    """Exit as multiprocessing's Process does after its target: non-daemon threads joined; then, unlike it, what a
-    user sees of an interpreter's exit: the atexit handlers (wandb.finish, a logger's), every open file flushed
-    (one the function left open keeps what it wrote); then os._exit. Objects' __del__ at teardown do not run."""
-    import atexit
-    import gc
-    import io
-    import threading
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the function's work is done: a Ctrl-C now is the launcher's
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter's exit calls first (private)
-        atexit._run_exitfuncs()
-    finally:
-        # (the zygote's objects were frozen before the fork: these are the worker's own, a few hundred thousand)
-        files = [o for o in gc.get_objects() if isinstance(o, (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom))]
-        for stream in [*files, sys.stdout, sys.stderr]:
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):  # closed, or a pipe gone
-                pass
-        os._exit(code)
 
 
 def fresh_random_state() -> None:
