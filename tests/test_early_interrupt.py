@@ -4,6 +4,7 @@ left, and either no run directory or one whose summary says "interrupted" (launc
 bench/early_interrupt.py is the long version (--launches N); this is a bounded sample of it.
 """
 
+import gc
 import os
 import signal
 import subprocess
@@ -156,3 +157,37 @@ def test_the_agents_stop_reaches_a_worker_whose_code_has_not_started_yet(tmp_pat
             os.close(fd)
     assert code == 128 + signal.SIGINT, f"exit {code}\n{out}{err}"
     assert "ran to its end" not in out and "KeyboardInterrupt" in err, out + err
+
+
+def test_a_ctrl_c_inside_a_stores_start_is_a_keyboardinterrupt_and_leaves_no_socket():
+    """A SIGINT while a TCPStore starts (CI's Ctrl-C 1.5 s in): the store had closed the socket handed to it, and
+    closing it again raised EBADF, a traceback in place of "interrupted". Signals land at moments spread over the start."""
+    from launcher.agent.stores import listening_store
+
+    armed = [False]
+
+    def interrupt(_signum, _frame):
+        if armed[0]:  # once a start: never in the loop's own bookkeeping
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    listening_store("127.0.0.1", 0, 1)  # torch's first store opens what every later one shares; this one is dropped
+    before, raised = len(os.listdir("/proc/self/fd")), []
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for i in range(120):
+            armed[0] = True
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.0001 * (i % 40) + 1e-6)
+                store = listening_store("127.0.0.1", 0, 1)
+                del store
+            except BaseException as e:  # noqa: B036  (what a Ctrl-C raises is the point)
+                raised.append(type(e))  # the class only: a traceback would keep the failed store's frame, and its socket
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert raised and set(raised) == {KeyboardInterrupt}, set(raised)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 1, os.listdir("/proc/self/fd")

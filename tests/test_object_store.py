@@ -281,7 +281,8 @@ def wait_for_upload(fs, pattern: str, check, timeout: float = 10.0) -> None:
     deadline, found = time.monotonic() + timeout, []
     while time.monotonic() < deadline:
         fs.invalidate_cache()
-        found = [json.loads(fs.cat_file(path)) for path in fs.glob(pattern)]
+        # a goodput record is created empty as its attempt starts (filled at its first step), and goes up as it is
+        found = [json.loads(data) for data in (fs.cat_file(path) for path in fs.glob(pattern)) if data.strip()]
         if any(check(record) for record in found):
             return
         time.sleep(0.5)

@@ -12,9 +12,8 @@ one instead of starting its own.
 from __future__ import annotations
 
 import datetime
-import os
 import socket
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 LISTEN_BACKLOG = 2048  # TCPStore's own backlog is large: every worker of a big job connects at once
 
@@ -53,5 +52,22 @@ def listening_store(host: str, port: int, timeout_s: Optional[float] = None) -> 
         return TCPStore(address, bound_port, is_master=True, multi_tenant=True, wait_for_workers=False,
                         timeout=timeout, master_listen_fd=fd)
     except BaseException:
-        os.close(fd)
+        close_if_still_listening(fd, (address, bound_port))
         raise
+
+
+def close_if_still_listening(fd: int, address: Tuple[str, int]) -> None:
+    """Close fd if it is still the socket bound to address: a TCPStore that failed part way (a signal in
+    its client's connect) has closed it already, and the number may name another file by now."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        ours = tuple(sock.getsockname()[:2]) == address
+    except OSError:
+        ours = False
+    if ours:
+        sock.close()
+    else:
+        sock.detach()
