@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 SUSTAIN = 2  # windows in a row a rank must lag by STRONG before it is named (about 2 s of a script's records)
-PERSIST = 4  # windows in a row for a lesser lag: a loaded 2-core machine gave one rank of a uniform run 2.5-3.8x the
-             # others' compute for 2 windows (twice in CI's runs); a slowed rank computed 5-13x theirs
+PERSIST = 3  # windows in a row for a lesser lag: a loaded 2-core machine gave one rank of a uniform run 2.5-3.8x the
+             # others' compute for 2 windows (twice in CI's runs); a slowed rank computed 3.5-18x theirs
 LAGS = 3.0  # a rank computing this many times the median rank's lags, however much of the step is waiting anyway
 STRONG = 5.0  # times the median rank's compute
 HOLDS = 0.5  # or, at LAGS or more, the others wait for it this much of their step: a loaded machine slowed the other
              # ranks of CI's run to 3.6x a sleeping rank's lag, which held them half the step; noise held them 0.37
+WAITS = 0.95  # or, at LAGS or more, the median rank waits this much of its step: a rank throttled to 5% of a CPU is
+              # slow in the all-reduce too, so the others computed 2-3% of their step (noise: 13-18%) while it
+              # computed 4-18x theirs, holding them a tenth of the step in compute and the rest in the collective
 
 
 def median(values: List[float]) -> float:
@@ -40,10 +43,14 @@ def compute_ratio(compute: List[float]) -> float:
 
 def lags_strongly(compute: List[float], step_s: float) -> bool:
     """Whether the slowest rank's lag is past doubt in one window: STRONG times the median rank's compute, or LAGS
-    times it while the others wait for it HOLDS of their step."""
+    times it while the others wait for it HOLDS of their step, or while the median rank waits WAITS of its step."""
     ratio = compute_ratio(compute)
-    held = step_s > 0 and len(compute) > 1 and max(compute) - median(compute) >= HOLDS * step_s
-    return ratio >= STRONG or (ratio >= LAGS and held)
+    if ratio >= STRONG:
+        return True
+    if ratio < LAGS or step_s <= 0:
+        return False
+    middle = median(compute)
+    return max(compute) - middle >= HOLDS * step_s or middle <= (1 - WAITS) * step_s
 
 
 def verdict(rank: int, ratio: float, per_node: int) -> str:
