@@ -1,4 +1,4 @@
-"""Each node's machine, while its job runs: one line of nodes/system-<node>.jsonl about every INTERVAL_S (its CPU,
+"""Each node's machine, while its job runs: one line of nodes/system-<node>.jsonl FIRST_S in, then about every INTERVAL_S (its CPU,
 memory and load, and what the node's worker processes use), written by every node's launcher and read by the job's
 W&B run (launcher.runtime.wandb_logger), so its system charts cover every node, not only rank 0's. A node's file
 reaches the head with its other records (launcher.backends.mirror_files)."""
@@ -16,6 +16,7 @@ from launcher.runtime import safefs
 from launcher.runtime.schema import SYSTEM
 
 INTERVAL_S = 5.0
+FIRST_S = 1.0  # the first line this soon: a node that ends before the head reads its file had none to read
 FOLDER = "nodes"
 MAX_LINE = 4096
 
@@ -52,9 +53,9 @@ class SystemSampler:
         except OSError:
             return
         try:
-            stopping = False
+            stopping, wait_s = False, FIRST_S
             while not stopping:  # one more as the job ends: a job shorter than INTERVAL_S has its figures too
-                stopping = self.halt.wait(INTERVAL_S)
+                stopping, wait_s = self.halt.wait(wait_s), INTERVAL_S
                 os.write(fd, (json.dumps(self.sample(psutil)) + "\n").encode())
         except OSError:
             pass  # a full disk or a vanished run directory: no more figures, the job goes on

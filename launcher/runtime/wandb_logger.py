@@ -143,8 +143,8 @@ class WandbLogger:
             if run is None:
                 continue  # failed earlier: drop the rest, metrics.jsonl has them
             try:
-                self._system_figures(run)
-                if kind == "log":
+                self._system_figures(run, last=kind == "last")
+                if kind in ("log", "last"):
                     self._step = max(self._step, int(values.get("step") or 0))
                     run.log(values)  # at its own "step" (define_metric above)
                 elif kind == "event":
@@ -157,10 +157,10 @@ class WandbLogger:
             except Exception as e:
                 self._fail("stopped logging" if kind == "log" else "could not write the summary", e)
 
-    def _system_figures(self, run: Any) -> None:
-        """Every node's machine since the last look (at most every SYSTEM_S), at the newest step."""
+    def _system_figures(self, run: Any, last: bool = False) -> None:
+        """Every node's machine since the last look (at most every SYSTEM_S; the last look whenever), at the newest step."""
         now = time.monotonic()
-        if self._system is None or now < getattr(self, "_system_at", 0.0):
+        if self._system is None or (now < getattr(self, "_system_at", 0.0) and not last):
             return
         self._system_at = now + SYSTEM_S
         for line in self._system.new_lines():
@@ -175,7 +175,8 @@ class WandbLogger:
             except OSError:
                 pass  # the run's own folder: its console is the only thing lost
         if self._run is not None:
-            self._queue.put(("log", {"step": self._step}))  # the last system figures, read on the way
+            # every node's last system figures (each node's sampler writes one as it ends), however soon after the look before
+            self._queue.put(("last", {"step": self._step}))
         if self._sender is not None:
             self._queue.put(None)
             self._sender.join(timeout=float(SETTINGS["finish_timeout"]))
