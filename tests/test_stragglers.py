@@ -96,6 +96,9 @@ LOADED_SLEEPING = [([11.7, 11.1, 3.0, 51.5], 68.0), ([1.7, 2.4, 1.9, 42.7], 50.4
 # A rank limited to 5% of a CPU (the cgroup below) is slow in the all-reduce too: it computed 4.0x and 4.3x the others
 # here (named at step 65, over 50, by the rule before), and 4.8x in CI's run, while they computed 2-3% of their step.
 THROTTLED = [([2.0, 2.1, 1.9, 8.0], 77.3), ([1.9, 1.6, 2.5, 9.4], 100.4)]
+# CI's first window of the same (steps 2-17, loaded by the other tests): 3.4x the others, who computed 9% of their
+# step; by the rule before (they had to compute at most 5%) it was named at step 55, over 50
+THROTTLED_LOADED = [([7.14, 6.58, 2.55, 23.6], 73.6), ([1.74, 1.63, 2.01, 36.5], 62.5)]
 
 
 @pytest.mark.parametrize("windows", LOADED)
@@ -110,6 +113,8 @@ def test_a_loaded_machines_brief_lag_names_nobody_and_a_rank_that_holds_the_othe
     assert [lagging.see_window([v / 1000 for v in c], s / 1000, 0.2) for c, s in LOADED_SLEEPING] == [None, 3]
     lagging = Lagging()
     assert [lagging.see_window([v / 1000 for v in c], s / 1000, 0.2) for c, s in THROTTLED] == [None, 3]
+    lagging = Lagging()
+    assert [lagging.see_window([v / 1000 for v in c], s / 1000, 0.2) for c, s in THROTTLED_LOADED] == [None, 3]
     lagging = Lagging()  # a smaller lag that lasts is named too, later
     persistent = [lagging.see_window([0.004, 0.004, 0.004, 0.011], 0.025, 0.2) for _ in range(5)]
     assert persistent == [None, None, 3, 3, 3]
