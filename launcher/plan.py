@@ -20,7 +20,7 @@ from launcher.errors import ConfigError
 from launcher.config.features import check_device_features
 from launcher.runtime import env as names
 from launcher.config.rendezvous import launch_mode, rendezvous_fields
-from launcher.config.elastic import is_elastic, min_nodes
+from launcher.config.elastic import is_elastic, min_nodes, spares
 
 # CPU workers one machine may run: several per core is a fair test of a multi-GPU job's logic;
 # thousands are a typo (--gpus 4000 for 4) that would fork until memory runs out.
@@ -78,11 +78,17 @@ class LaunchPlan:
     shutdown_timeout_s: int = 10  # after Ctrl-C/SIGTERM the agent waits this long for workers, then SIGKILLs
     min_nodes: Optional[int] = None  # elastic (--nodes MIN:MAX): the fewest nodes the job runs on; None = nodes
     rdzv_conf: Dict[str, Any] = field(default_factory=dict)  # torch's rendezvous options (rdzv.conf)
+    spares: int = 0  # hot spare nodes beyond `nodes` (--spares): checked in, warm, running no ranks until one is lost
 
     @property
     def elastic(self) -> bool:
-        """Nodes may leave and join while the job runs (launcher.config.elastic)."""
-        return self.min_nodes is not None and self.min_nodes < self.nodes
+        """Nodes may leave and join while the job runs (launcher.config.elastic): --nodes MIN:MAX, or spares."""
+        return (self.min_nodes is not None and self.min_nodes < self.nodes) or self.spares > 0
+
+    @property
+    def agents(self) -> int:
+        """The node agents the job starts: its nodes and its hot spares (a simulated job runs them all here)."""
+        return self.nodes + self.spares
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -226,6 +232,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         shutdown_timeout_s=int(cfg.checkpoint.grace_s) + 2,
         min_nodes=min_nodes(cfg),
         rdzv_conf=dict(cfg.rdzv.conf),
+        spares=spares(cfg),
     )
 
 

@@ -203,6 +203,7 @@ def summary_base(cfg: Config, plan: LaunchPlan) -> Dict[str, Any]:
         "strategy": cfg.trainer.strategy if builtin else None, "model": cfg.model.name if builtin else None,
         "script": cfg.script.path, "restarts": 0,
         **({"elastic_nodes": f"{plan.min_nodes}:{plan.nodes}"} if plan.elastic else {}),
+        **({"spares": plan.spares} if plan.spares else {}),
     }
 
 

@@ -122,6 +122,10 @@ def run_row(run_dir: Path, now: float, names: Optional[Set[str]] = None) -> Dict
         "failed_rank": failed_rank(summary, status),
         "holders": [f"{h.host}:{h.pid}" for h in holders],
         "metrics": {k: v for k, v in last.items() if not isinstance(v, (list, dict))},  # the newest row's figures
+        "spares": _count(summary.get("spares", plan.get("spares"))),
+        "replaced": [{"left": _node_name(r.get("left")), "by": _node_name(r.get("by"))}
+                     for c in summary.get("membership_changes") or [] if isinstance(c, dict)
+                     for r in c.get("replaced") or [] if isinstance(r, dict)],
     }
     if not recorded:  # a run from before kinds were recorded: its kind is inferred from its files
         row["kind_guessed"] = True
@@ -359,3 +363,13 @@ def _mtime(path: Union[str, Path]) -> Optional[float]:
         return os.stat(path).st_mtime
     except OSError:
         return None
+
+
+def _count(value: Any) -> int:
+    """A count read back from a run's files: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _node_name(value: Any) -> str:
+    """A node's host:pid read back from a run's files, fit for a terminal ('?' where it is not)."""
+    return value if isinstance(value, str) and len(value) <= 300 and value.isprintable() else "?"

@@ -150,7 +150,7 @@ def live_holders(run_dir: Path, skip: Optional[Set[int]] = None) -> List[Holder]
 
 def _slots(plan: LaunchPlan) -> List[int]:
     if plan.mode == "simulated":
-        return list(range(plan.nodes))  # its nodes are its own children: it speaks for all of them
+        return list(range(plan.agents))  # its nodes (and spares) are its own children: it speaks for all of them
     if plan.mode == "static":
         return [plan.node_rank or 0]
     if plan.mode == "c10d":

@@ -133,6 +133,9 @@ def build_parser() -> RunParser:
     p.add_argument("--config", metavar="FILE", help="a YAML config (path, or a name from configs/ such as 'quick')")
     p.add_argument("--max-restarts", type=int_flag("--max-restarts"), metavar="K",
                    help="restart the workers up to K times when one fails (launcher.max_restarts)")
+    p.add_argument("--spares", type=int_flag("--spares"), metavar="K",
+                   help="K hot spare nodes beyond --nodes: they check in and wait, warm, and one takes a lost node's "
+                        "place, so the world size stays (launcher.spares; c10d rendezvous)")
     p.add_argument("--rdzv-timeout", type=int_flag("--rdzv-timeout"), metavar="SECONDS",
                    help="how long a node waits for the others (rdzv.timeout_s, default 60)")
     p.add_argument("--node-rank", type=int_flag("--node-rank"), metavar="K",
@@ -223,7 +226,7 @@ def config_overrides(args: argparse.Namespace) -> List[str]:
     overrides = list(args.overrides)
     if args.nodes is not None:
         overrides.extend(nodes_overrides(args.nodes))
-    for flag, key in (("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"),
+    for flag, key in (("gpus", "gpus"), ("max_restarts", "launcher.max_restarts"), ("spares", "launcher.spares"),
                       ("rdzv_timeout", "rdzv.timeout_s"), ("output_dir", "output_dir"), ("cluster", "cluster"),
                       ("node_rank", "rdzv.node_rank"), ("master_addr", "rdzv.master_addr"),
                       ("master_port", "rdzv.master_port"), ("rdzv_endpoint", "rdzv.endpoint"), ("rdzv_id", "rdzv.id"),

@@ -81,6 +81,7 @@ GROUP_WALL_S = {
     "test_run_local.py": 40, "test_exit_stress.py": 30, "test_backend_contract.py:local": 30,
     "test_failed_runs.py": 30, "test_cli_bad_input.py": 30, "test_script_mode.py": 30, "test_board_token.py": 30,
     "test_doctor.py": 30, "test_root_cause.py": 40, "test_logged_series.py": 40, "test_stragglers.py": 150,
+    "test_spares.py": 150,
     "test_torchrun_lines.py": 100, "test_torch_private.py": 30,
 }
 

@@ -64,3 +64,14 @@ def run_record(run_folder: Path) -> Dict[str, Any]:
         for item in items:
             found["config"]["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
     return found
+
+
+def run_summary(run_folder: Path) -> Dict[str, Any]:
+    """The run's summary ({key: value}), the last value set for each key."""
+    (path,) = run_folder.glob("*.wandb")
+    found: Dict[str, Any] = {}
+    for record in records(path):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                found["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
+    return found

@@ -7,7 +7,9 @@ with torchrun's environment contract (worker_envs), (b) reports each failed atte
 restart (launcher.agent.failures) and (c) counts the restarts it made, scripts included, and numbers the attempts.
 
 torch counts only restarts after a failure (TORCHELASTIC_RESTART_COUNT, which a script sees as under torchrun);
-taking in a node that joined restarts the workers too, with the same count. The launcher numbers every start of
+taking in a node that joined restarts the workers too, with the same count. A round that lost a node counts once,
+whether the workers' failure or the nodes waiting to join (a hot spare) came first, and every node of a round takes
+the highest count among them (a spare made none of its own: launcher.agent.membership.job_restarts). The launcher numbers every start of
 the workers: on c10d by the rendezvous round, which every node agrees on (torch opens a new round for each
 re-rendezvous, failure or membership change); on the static rendezvous, which re-forms only after a failure, by
 the restart count. That number (LAUNCHER_ATTEMPT) names the attempt's rank logs, its goodput and failure records
@@ -29,7 +31,7 @@ from torch.distributed.launcher.api import LaunchConfig
 
 from launcher.agent import elastic_fixes
 from launcher.agent.failures import FailureWatch
-from launcher.agent.membership import record_round
+from launcher.agent.membership import job_restarts, record_round
 from launcher.agent.processes import WorkerJob, WorkerProcesses
 from launcher.config.elastic import round_line
 from launcher.runtime import env, torch_private
@@ -67,6 +69,7 @@ class AgentSettings:
     master_addr: Optional[str] = None  # the static rendezvous's store (torch takes it from the endpoint)
     master_port: Optional[int] = None
     elastic: Optional[Tuple[int, int]] = None  # (MIN, MAX) nodes of an elastic job: each round's line says what runs
+    spares: int = 0  # hot spare nodes beyond MAX (--spares), said in each round's line
 
 
 class AgentRecord:
@@ -87,6 +90,8 @@ class AgentRecord:
             left, joined = sorted(set(self.nodes) - set(nodes)), sorted(set(nodes) - set(self.nodes))
             said = "; ".join(part for part in (f"left: {', '.join(left)}" if left else "",
                                                f"joined: {', '.join(joined)}" if joined else "") if part)
+            if left and len(left) == len(joined):  # a hot spare (or a new node) took a lost one's place
+                said = "; ".join(f"{gone} replaced by {new}" for gone, new in zip(left, joined))
             log.info(f"membership changed ({said}): {len(nodes)} node{'s' if len(nodes) > 1 else ''}, "
                      f"world size {round_record['world_size']}")
         self.nodes = nodes
@@ -121,10 +126,12 @@ class AgentHooks:
     """What the agent's hooks do (launcher.runtime.torch_private.elastic_agent_class calls these)."""
 
     def __init__(self, job: WorkerJob, watch: FailureWatch, record: AgentRecord, logs_specs: Any,
-                 elastic: Optional[Tuple[int, int]] = None) -> None:
+                 elastic: Optional[Tuple[int, int]] = None, spares: int = 0) -> None:
         self.job, self.watch, self.record, self.logs_specs, self.elastic = job, watch, record, logs_specs, elastic
+        self.spares = spares
         self.failed = False  # the last look saw a failed attempt: the restart that follows is a failure's
         self.processes: Optional[WorkerProcesses] = None  # the current attempt's
+        self.round_restarts = 0  # the restart count the last round started with
 
     def start_workers(self, agent: Any, worker_group: Any) -> WorkerProcesses:
         envs = worker_envs(worker_group, self.record.restarts)
@@ -141,11 +148,18 @@ class AgentHooks:
     def after_rendezvous(self, worker_group: Any) -> None:
         handler = worker_group.spec.rdzv_handler
         seen = torch_private.rendezvous_round(handler)
+        before = self.record.nodes
         if self.job.run_dir:
             self.record.observe(record_round(self.job.run_dir, worker_group, seen))
         if seen is not None and self.elastic is not None and worker_group.group_rank == 0:  # one line a round
             world = worker_group.workers[0].world_size if worker_group.workers else 0
-            log.info(round_line(seen["round"], seen["nodes"], world, *self.elastic))
+            log.info(round_line(seen["round"], seen["nodes"], world, *self.elastic, spares=self.spares))
+        if seen is not None and self.elastic is not None:
+            if before and set(before) - set(seen["nodes"]) and self.record.restarts == self.round_restarts:
+                self.record.restarts += 1  # a lost node's restart, which torch counts only where the workers' failure
+                # came before the nodes waiting to join (a hot spare): once, whichever this agent saw first
+            self.record.restarts = job_restarts(worker_group, seen["round"], self.record.restarts)
+            self.round_restarts = self.record.restarts
         restart = self.record.restarts
         self.record.attempt = restart if seen is None else seen["round"]
         if restart and handler.get_backend() == "static":
@@ -180,12 +194,15 @@ def run_agent(settings: AgentSettings, rdzv_handler: Any, job: WorkerJob, watch:
                      entrypoint=launcher_worker, args=(), rdzv_handler=rdzv_handler,
                      max_restarts=settings.max_restarts, monitor_interval=settings.monitor_interval_s,
                      master_addr=settings.master_addr, master_port=settings.master_port, local_addr=settings.local_addr)
-    agent_class = torch_private.elastic_agent_class(AgentHooks(job, watch, record, logs_specs, settings.elastic))
+    agent_class = torch_private.elastic_agent_class(AgentHooks(job, watch, record, logs_specs, settings.elastic,
+                                                                      settings.spares))
     agent = _accepted(agent_class, spec=spec, logs_specs=logs_specs, start_method="spawn",  # unused: our processes
                       shutdown_timeout=int(settings.shutdown_timeout_s))
     shutdown_rdzv = True
     try:
         result = agent.run()
+        if result is None:  # torch's RendezvousGracefulExitError: a hot spare the job ended without needing
+            return {}
         if result.is_failed():
             raise ChildFailedError(name=ENTRYPOINT, failures=result.failures)
         return result.return_values

@@ -14,12 +14,14 @@ import logging
 import os
 import time
 from pathlib import Path
+from datetime import timedelta
 from typing import Any, Dict, Optional
 
 from launcher.runtime import env, safefs
 from launcher.runtime.goodput import DIR, launch_key
 
 log = logging.getLogger("launcher")
+RESTARTS_WAIT_S = 10.0  # how long a round's agents wait for each other's restart counts (they all just met)
 
 
 def record_round(run_dir: str, worker_group: Any, seen: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -39,3 +41,20 @@ def record_round(run_dir: str, worker_group: Any, seen: Optional[Dict[str, Any]]
     except OSError as e:  # another node's record of this round (or a full disk)
         log.debug(f"round record {path.name} not written: {e!r}")
     return record
+
+
+def job_restarts(worker_group: Any, round_: int, mine: int) -> int:
+    """The job's restart count in a round after the first: the most any of its nodes made. A node that joined later
+    (a hot spare taking a lost node's place) made none, and its ranks would see TORCHELASTIC_RESTART_COUNT=0 beside
+    ranks that see 1 (a script that loads its checkpoint when the count is above 0 would then diverge). Each agent
+    says its count on the round's store and takes the highest; never raises (mine, if the others do not answer)."""
+    if round_ <= 0 or worker_group.store is None:
+        return mine
+    keys = [f"launcher/restarts/{round_}/{k}" for k in range(worker_group.group_world_size)]
+    try:
+        worker_group.store.set(keys[worker_group.group_rank], str(mine))
+        worker_group.store.wait(keys, timedelta(seconds=RESTARTS_WAIT_S))
+        return max([mine, *(int(worker_group.store.get(k)) for k in keys)])
+    except (RuntimeError, ValueError, TimeoutError) as e:  # a node gone again: the next round says
+        log.debug(f"reading the other nodes' restart counts failed: {e!r}")
+        return mine

@@ -127,13 +127,14 @@ class NodeHandshake:
                 f"this machine can reach, and that no firewall blocks TCP port {self.port}")
 
     # -- before the job ---------------------------------------------------------------------
-    def meet(self, nodes: int, gpus: int, min_nodes: Optional[int] = None) -> None:
+    def meet(self, nodes: int, gpus: int, min_nodes: Optional[int] = None, spares: int = 0) -> None:
         """Check in and wait until all nodes have, or raise naming the problem (never hang).
 
         min_nodes: an elastic job's (fewer than nodes): nodes come and go, so this node checks its settings
-        against the first node's and goes on; torch's c10d rendezvous waits for MIN of them."""
+        against the first node's and goes on; torch's c10d rendezvous waits for MIN of them. spares: hot spares
+        beyond nodes, which check in the same way (torch keeps them waiting until a node is lost)."""
         same_workers = self.plan.rdzv_backend == "static"
-        elastic = min_nodes is not None and min_nodes < nodes
+        elastic = (min_nodes is not None and min_nodes < nodes) or spares > 0
         me = {"token": self.token, "host": socket.gethostname(), "nodes": f"{min_nodes}:{nodes}" if elastic else nodes,
               "gpus": gpus, "node_rank": self.node_rank}
         try:
@@ -230,7 +231,7 @@ class NodeHandshake:
             found: List[Dict[str, Any]] = [self._record]
             if holds_rank0:
                 if self.plan.elastic:  # the nodes of the last round, each placed when its workers started
-                    placed = min(nodes, self.store.add("placed", 0))
+                    placed = self.store.add("placed", 0)  # with a node that took a lost one's place: more
                     found = current_round(self._collect(placed, FAILED_PLACEMENT_WAIT_S), self._record)
                 else:
                     found = self._collect(nodes, PLACEMENT_WAIT_S)

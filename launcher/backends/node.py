@@ -58,11 +58,15 @@ class NodeSession:
         """Meet the other nodes, or raise naming the problem (settings that differ, a --node-rank used twice)."""
         if not self.met:
             self.handshake.connect()
-            self.handshake.meet(self.plan.nodes, self.plan.workers_per_node, self.plan.min_nodes)
+            self.handshake.meet(self.plan.nodes, self.plan.workers_per_node, self.plan.min_nodes, self.plan.spares)
             self.met = True
-            if self.plan.elastic:
-                log.info(f"checked in at {self.plan.rdzv_endpoint}: elastic job of {self.plan.min_nodes} to "
-                         f"{self.plan.nodes} nodes (c10d rendezvous)")
+            plan, spares = self.plan, self.plan.spares
+            hot = f" and {spares} hot spare{'s' if spares > 1 else ''}" if spares else ""
+            if plan.min_nodes is not None and plan.min_nodes < plan.nodes:
+                log.info(f"checked in at {plan.rdzv_endpoint}: elastic job of {plan.min_nodes} to {plan.nodes} "
+                         f"nodes{hot} (c10d rendezvous)")
+            elif spares:
+                log.info(f"checked in at {plan.rdzv_endpoint}: job of {plan.nodes} nodes{hot} (c10d rendezvous)")
             else:
                 log.info(f"all {self.plan.nodes} nodes checked in at {self.plan.rdzv_endpoint} ({self.plan.rdzv_backend} rendezvous)")
 
@@ -95,6 +99,8 @@ class NodeSession:
         placement = self.logs.placement
         group = placement.get("group_rank", self.plan.node_rank)
         node_name = f"node-{group}" if group is not None else f"node-{socket.gethostname()}"
+        if not placement.get("ranks") and self.plan.spares:  # a hot spare the job ended without
+            node_name = f"spare-{self.plan.node_rank if self.plan.node_rank is not None else socket.gethostname()}"
         record = {"status": status, "error": error, "host": socket.gethostname(), "node_rank": group,
                   "ranks": placement.get("ranks", []), "restarts": restarts}
         if isinstance(base.get("root_cause"), dict):  # this node's failed first rank: the job's, where it failed first

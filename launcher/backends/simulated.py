@@ -48,7 +48,8 @@ def run(cfg: Config, plan: LaunchPlan, started: float) -> int:
     prepare_run_dir(cfg, plan, started)
     interrupts.release()  # the run directory is whole (launcher.backends.dispatch records a stop from here)
     elastic = f" (elastic: the job goes on while {plan.min_nodes} remain)" if plan.elastic else ""
-    log.info(f"simulating {plan.nodes} nodes on this machine: {plan.nodes} node agents as separate processes{elastic}, "
+    spares = f" and {plan.spares} hot spare{'s' if plan.spares > 1 else ''}" if plan.spares else ""
+    log.info(f"simulating {plan.nodes} nodes{spares} on this machine: {plan.agents} node agents as separate processes{elastic}, "
              f"{plan.rdzv_backend} rendezvous on {plan.rdzv_endpoint}")
     # the nodes sign their handshake with a fresh secret (loopback is open to every local user); it goes
     # to them on stdin, with the plan: never into a file, an argument or an environment
@@ -78,7 +79,7 @@ class NodeSupervisor:
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            for k in range(self.plan.nodes):
+            for k in range(self.plan.agents):
                 self.procs.append(self._start(k))
             return self._watch()
         finally:
@@ -128,11 +129,17 @@ class NodeSupervisor:
     def _goes_on_without(self, k: int, code: int, codes: List[Optional[int]]) -> bool:
         """An elastic job loses node k and goes on while at least MIN nodes remain (torch's agents re-form it)."""
         left = sum(1 for j, c in enumerate(codes) if c is None and j != k)
-        if not self.plan.elastic or left < (self.plan.min_nodes or self.plan.nodes):
+        least = self.plan.min_nodes or self.plan.nodes
+        if not self.plan.elastic or left < least:
             return False
         self.lost.append(k)
-        log.info(f"node {k} (pid {self.procs[k].pid}) {_how_it_ended(code)}; {left} of at least {self.plan.min_nodes} "
-                 f"(--nodes {self.plan.min_nodes}:{self.plan.nodes}) remain: the job goes on without it")
+        if self.plan.spares:
+            running = min(left, self.plan.nodes)
+            log.info(f"node {k} (pid {self.procs[k].pid}) {_how_it_ended(code)}; {left} node agents remain (the job "
+                     f"runs on {self.plan.nodes}, the rest are spares): the job goes on on {running} without it")
+        else:
+            log.info(f"node {k} (pid {self.procs[k].pid}) {_how_it_ended(code)}; {left} of at least {least} "
+                     f"(--nodes {least}:{self.plan.nodes}) remain: the job goes on without it")
         return True
 
     def _wait_all(self, timeout: float) -> None:

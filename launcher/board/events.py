@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.board.files import read_json, tail_lines
-from launcher.runtime.goodput import membership_changes
+from launcher.runtime.goodput import membership_changes, said_change
 from launcher.runtime.schema import FAILURE, GOODPUT, GOODPUT_DIR, Status
 from launcher.runtime.stragglers import Lagging
 
@@ -135,11 +135,8 @@ def membership_events(run_dir: Path, timeline: Timeline) -> List[Dict[str, Any]]
     launches = [int(k) for k in keys if k.isdigit()]
     events = []
     for change in membership_changes(run_dir, max(launches) / 1000) if launches else []:
-        who = "; ".join([f"left: {', '.join(change['left'])}"] * bool(change["left"]) +
-                        [f"joined: {', '.join(change['joined'])}"] * bool(change["joined"]))
         events.append({"at": change.get("at"), "step": timeline.step_at(change.get("at")), "kind": "membership",
-                       "text": f"membership change ({who}): {change.get('nodes')} nodes, "
-                               f"world size {change.get('world_size')}"})
+                       "text": said_change(change)})
     return events
 
 

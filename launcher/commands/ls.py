@@ -166,6 +166,10 @@ def failure_line(row: Dict[str, Any], indent: str) -> List[str]:
     under a damaged one, why its files could not be read; under a preempted one, when and whether it is requeued."""
     if row["status"] == Status.DAMAGED:
         return [f"{indent}{row['error']}"]
+    if row.get("spares"):  # hot spares, and each lost node's replacement
+        said = "".join(f"; {r.get('left')} replaced by {r.get('by')}" for r in row.get("replaced") or [])
+        return [f"{indent}{row['spares']} hot spare{'s' if row['spares'] > 1 else ''}{said}",
+                *failure_line({**row, "spares": 0}, indent)]
     if row["status"] == Status.PREEMPTED and row.get("note"):
         return [f"{indent}{row['note']}"]
     return [f"{indent}error: {row['error']}"] if row["status"] == Status.FAILED and row.get("error") else []

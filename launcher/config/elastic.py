@@ -50,6 +50,15 @@ def is_elastic(cfg: Any) -> bool:
     return min_nodes(cfg) < cfg.nodes
 
 
+def spares(cfg: Any) -> int:
+    return int(cfg.launcher.spares)
+
+
+def re_forms(cfg: Any) -> bool:
+    """The job re-forms when a node leaves or joins (torch's c10d rendezvous): elastic, or with hot spares waiting."""
+    return is_elastic(cfg) or spares(cfg) > 0
+
+
 def shown(cfg: Any) -> str:
     """How the command line spells the membership: '2', or '1:2' for an elastic one."""
     return f"{min_nodes(cfg)}:{cfg.nodes}" if is_elastic(cfg) else str(cfg.nodes)
@@ -63,14 +72,20 @@ def check_elastic(cfg: Any) -> None:
         check_rdzv_option(key, value, f"rdzv.conf.{key}={value}")
     if cfg.min_nodes is not None and not 1 <= cfg.min_nodes <= cfg.nodes:
         raise ConfigError(f"min_nodes={cfg.min_nodes} must be in 1..{cfg.nodes} (--nodes MIN:MAX, e.g. --nodes 1:{cfg.nodes})")
-    if not is_elastic(cfg):
+    if spares(cfg) < 0:
+        raise ConfigError(f"--spares {spares(cfg)} must be 0 or more: the hot spare nodes beyond --nodes, e.g. --spares 1")
+    if not re_forms(cfg):
         return
+    what = f"--nodes {shown(cfg)} (elastic)" if is_elastic(cfg) else f"--spares {spares(cfg)}"
     if cfg.rdzv.node_rank is not None or cfg.rdzv.master_addr:
-        raise ConfigError(f"--nodes {shown(cfg)} (elastic) needs the c10d rendezvous, which re-forms when nodes leave or "
+        raise ConfigError(f"{what} needs the c10d rendezvous, which re-forms when nodes leave or "
                           "join: use --rdzv-endpoint HOST:PORT --rdzv-id ID on every node instead of --master-addr/--node-rank")
     if cfg.cluster != "local":
-        raise ConfigError(f"--nodes {shown(cfg)} (elastic) is not supported with --cluster {cfg.cluster}, which allocates "
+        raise ConfigError(f"{what} is not supported with --cluster {cfg.cluster}, which allocates "
                           f"a fixed set of nodes: use --nodes {cfg.nodes}")
+    if spares(cfg) and cfg.launcher.max_restarts == 0:
+        raise ConfigError(f"--spares {spares(cfg)} with --max-restarts 0: a spare takes a lost node's place in a restart "
+                          f"of the workers, which counts as one: add --max-restarts K, e.g. --max-restarts {spares(cfg) + 2}")
 
 
 def check_rdzv_option(key: str, value: Any, shown: str) -> None:
@@ -91,9 +106,11 @@ def rdzv_options(conf: Dict[str, Any]) -> Dict[str, Any]:
     return {key: value for key, value in conf.items() if key in RDZV_CONF_KEYS}
 
 
-def round_line(round_no: int, nodes: Sequence[str], world_size: int, least: int, most: int) -> str:
+def round_line(round_no: int, nodes: Sequence[str], world_size: int, least: int, most: int, spares: int = 0) -> str:
     """What one round of an elastic job runs, said as it forms (the start line states only MIN:MAX): the agent's
     hook after each rendezvous passes its round record (launcher.agent.membership: round, nodes, world_size)."""
     count = len(nodes)
+    shape = f"--nodes {least}:{most}" if least < most else f"--nodes {most}"
+    shape += f" --spares {spares}" if spares else ""
     return (f"elastic round {round_no}: running {world_size} worker{'' if world_size == 1 else 's'} on {count} "
-            f"node{'' if count == 1 else 's'} (--nodes {least}:{most})")
+            f"node{'' if count == 1 else 's'} ({shape})")

@@ -14,10 +14,16 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher.config.elastic import is_elastic, rdzv_options
+from launcher.config.elastic import rdzv_options, re_forms, spares
 from launcher.errors import ConfigError
 
 MODES = ("single", "simulated", "static", "c10d")
+# With hot spares a lost node counts as gone after 3 missed 1 s keep-alives (torch's default: 3 of 5 s) and a spare
+# takes its place: loss to the next step 6.6 s, not 12+. A live node stalled that long is dropped too, but with MIN =
+# the job's nodes and fewer spares than nodes (no two groups of MIN) it cannot form a job of its own: it costs a
+# restart. Each keep-alive rewrites the rendezvous state (82 bytes a node): for hundreds of nodes set
+# rdzv.conf.keep_alive_interval=5.
+SPARE_KEEP_ALIVE = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3}
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -27,7 +33,7 @@ def launch_mode(cfg: Any) -> str:
         return "c10d"
     if r.node_rank is not None or r.master_addr:
         return "static"
-    return "simulated" if cfg.nodes > 1 else "single"
+    return "simulated" if cfg.nodes > 1 or spares(cfg) else "single"
 
 
 def validate_rendezvous(cfg: Any) -> None:
@@ -100,7 +106,7 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
     if mode == "single":
         fields.update(rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0")
     elif mode == "simulated":
-        backend = "c10d" if is_elastic(cfg) else "static"  # only c10d re-forms without a lost node
+        backend = "c10d" if re_forms(cfg) else "static"  # only c10d re-forms without a lost node
         fields.update(rdzv_backend=backend, rdzv_endpoint=f"127.0.0.1:{free_port}")
     elif mode == "static":
         addr = cfg.rdzv.master_addr or "127.0.0.1"
@@ -118,7 +124,10 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
 
 def rdzv_configs(plan: Any) -> Dict[str, Any]:
     """torch's rendezvous options: the static backend needs this node's rank and its own timeout."""
-    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s, **rdzv_options(getattr(plan, "rdzv_conf", {}))}
+    spares, least = getattr(plan, "spares", 0), getattr(plan, "min_nodes", None) or plan.nodes
+    quick = spares and 2 * least > plan.nodes + spares  # no two groups of MIN nodes: a node dropped costs a restart
+    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s, **(SPARE_KEEP_ALIVE if quick else {}),
+                               **rdzv_options(getattr(plan, "rdzv_conf", {}))}
     if plan.rdzv_backend == "static":
         configs.update(rank=plan.node_rank or 0, timeout=plan.rdzv_timeout_s)
     elif plan.mode == "simulated":  # the launcher that started the nodes hosts the store: any node may be lost

@@ -104,6 +104,8 @@ class RendezvousConfig:
 class LaunchSection:
     start_method: str = "auto"  # auto | fork: forked from a warm zygote (torch imported once) | spawn: fresh interpreters
     max_restarts: int = 0  # restart all workers up to this many times when one fails
+    # hot spare nodes beyond --nodes (c10d): checked in and warm, running no ranks, each taking a lost node's place
+    spares: int = 0
     # threads per worker; 0 = OMP_NUM_THREADS if exported, else for a script torchrun's (1 with several workers per
     # node, none with one), for the built-in trainer cores / workers per node (at least 1)
     omp_threads: int = 0

@@ -269,7 +269,9 @@ def job_goodput(run_dir: Optional[str], started: float, ended: float, status: St
 
 def membership_changes(run_dir: Path, started: float) -> List[Dict[str, Any]]:
     """An elastic job's membership changes in this launch, oldest first: [{at, round, left, joined, nodes,
-    world_size}], from the node agents' records of each rendezvous round (launcher.agent.membership)."""
+    world_size}], from the node agents' records of each rendezvous round (launcher.agent.membership). Where as many
+    nodes joined as left and the world size stayed (hot spares took the lost nodes' places), `replaced` pairs
+    them: [{left, by}]."""
     rounds = list(_attempts(run_dir, launch_key(started), "round").values())
     rounds.sort(key=lambda r: (int(r.get("round", 0)), float(r.get("at", 0))))
     changes = []
@@ -277,9 +279,22 @@ def membership_changes(run_dir: Path, started: float) -> List[Dict[str, Any]]:
         left = sorted(set(before["nodes"]) - set(after["nodes"]))
         joined = sorted(set(after["nodes"]) - set(before["nodes"]))
         if left or joined:
-            changes.append({"at": after.get("at"), "round": after.get("round"), "left": left, "joined": joined,
-                            "nodes": len(after["nodes"]), "world_size": after.get("world_size")})
+            change = {"at": after.get("at"), "round": after.get("round"), "left": left, "joined": joined,
+                      "nodes": len(after["nodes"]), "world_size": after.get("world_size")}
+            if left and len(left) == len(joined) and after.get("world_size") == before.get("world_size"):
+                change["replaced"] = [{"left": gone, "by": new} for gone, new in zip(left, joined)]  # a spare's
+            changes.append(change)
     return changes
+
+
+def said_change(change: Dict[str, Any]) -> str:
+    """One membership change as the board and W&B say it: 'membership change (left: H:P): 1 nodes, world size 1', or
+    '(H:P replaced by H:Q)' where a spare took a lost node's place."""
+    who = "; ".join([f"left: {', '.join(change['left'])}"] * bool(change["left"]) +
+                    [f"joined: {', '.join(change['joined'])}"] * bool(change["joined"]))
+    if change.get("replaced"):
+        who = "; ".join(f"{r['left']} replaced by {r['by']}" for r in change["replaced"])
+    return f"membership change ({who}): {change.get('nodes')} nodes, world size {change.get('world_size')}"
 
 
 def format_goodput(figures: Dict[str, Any]) -> str:

@@ -273,6 +273,7 @@ SUMMARY = Record("summary.json", [
     F("error", str, "", "why it did not complete: the rank that failed first, and its error", null=True),
     F("root_cause", ROOT_CAUSE, "", "the rank that failed first, its log and error file"),
     F("elastic_nodes", str, "", "an elastic job's nodes: min:max", size=40),
+    F("spares", int, "", "hot spare nodes beyond nodes (--spares), waiting to take a lost node's place"),
     F("exit_code", int, "", "the launcher's exit code", signed=True),
     F("hung_at_exit", bool, "", "a rank finished its script but its process did not exit"),
     F("launch_mode", str, "", "how the nodes met: static, c10d, simulated", null=True),

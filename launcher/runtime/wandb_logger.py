@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launcher.config.secrets import redact, redact_argv
 from launcher.runtime import safefs
+from launcher.runtime.goodput import said_change
 from launcher.runtime.system import SystemFiles, as_history
 
 RUN_ID_FILE = "wandb_run_id"
@@ -127,6 +128,12 @@ class WandbLogger:
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         if self._run is not None:
+            changes = summary.get("membership_changes") or []
+            for change in changes:  # who left, who took the place (a hot spare), when
+                self.event("membership", said_change(change), level="INFO")
+            if changes:
+                summary = {**summary, "membership_changes": len(changes),
+                           "replacements": sum(len(c.get("replaced") or []) for c in changes)}
             flat = {**summary, **{f"{k}/{sub}": v for k, d in summary.items() if isinstance(d, dict) for sub, v in d.items()}}
             # str(v): a plain string for a str Enum too (summary.json's status), as wandb serialises it
             self._queue.put(("summary", {k: str(v) if isinstance(v, str) else v for k, v in flat.items()
