@@ -103,6 +103,9 @@ THROTTLED = [([2.0, 2.1, 1.9, 8.0], 77.3), ([1.9, 1.6, 2.5, 9.4], 100.4)]
 # CI's first window of the same (steps 2-17, loaded by the other tests): 3.4x the others, who computed 9% of their
 # step; by the rule before (they had to compute at most 5%) it was named at step 55, over 50
 THROTTLED_LOADED = [([7.14, 6.58, 2.55, 23.6], 73.6), ([1.74, 1.63, 2.01, 36.5], 62.5)]
+# Its first window in the quiet phase (steps 2-15, warm-up): 3.6x the others, who computed 12% of their step; by the
+# rule before (at most 10%) it was named at step 51, over 50
+THROTTLED_FIRST = ([8.62, 9.03, 2.12, 31.89], 72.0)
 
 
 @pytest.mark.parametrize("windows", LOADED)
@@ -119,6 +122,9 @@ def test_a_loaded_machines_brief_lag_names_nobody_and_a_rank_that_holds_the_othe
     assert [lagging.see_window([v / 1000 for v in c], s / 1000, 0.2) for c, s in THROTTLED] == [None, 3]
     lagging = Lagging()
     assert [lagging.see_window([v / 1000 for v in c], s / 1000, 0.2) for c, s in THROTTLED_LOADED] == [None, 3]
+    from launcher.runtime.stragglers import lags_strongly
+
+    assert lags_strongly([v / 1000 for v in THROTTLED_FIRST[0]], THROTTLED_FIRST[1] / 1000)
     lagging = Lagging()  # a smaller lag that lasts is named too, later
     persistent = [lagging.see_window([0.004, 0.004, 0.004, 0.011], 0.025, 0.2) for _ in range(5)]
     assert persistent == [None, None, 3, 3, 3]
