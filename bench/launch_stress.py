@@ -5,7 +5,8 @@ finish (the intermittent hang at exit with forked warm workers, docs/architectur
                                   [--timeout 60] [--json bench/launch_stress.json]
 
 - shapes (default all, launched round-robin, --launches split evenly between them):
-  tutorial-gpus2, tutorial-gpus4, tutorial-nodes2 (--nodes 2 --gpus 1): tests/scripts/stress_ddp_tutorial.py,
+  tutorial-gpus2, tutorial-gpus4, tutorial-nodes2 (--nodes 2 --gpus 1), tutorial-spare (the same and --spares 1:
+  the spare waits and must end with the job): tests/scripts/stress_ddp_tutorial.py,
   the DDP tutorial's shape (process group destroyed with the DDP model alive);
   results-gpus2, results-gpus4: tests/scripts/stress_results_at_end.py (all_reduce, a little training,
   results written, then destroy_process_group()).
@@ -57,6 +58,7 @@ class Shape:
     script: str
     nodes: int
     gpus: int
+    spares: int = 0  # hot spares (ours: --spares; torchrun's baseline runs the nodes alone)
 
     @property
     def world(self) -> int:
@@ -67,6 +69,7 @@ SHAPES: Dict[str, Shape] = {
     "tutorial-gpus2": Shape("stress_ddp_tutorial.py", 1, 2),
     "tutorial-gpus4": Shape("stress_ddp_tutorial.py", 1, 4),
     "tutorial-nodes2": Shape("stress_ddp_tutorial.py", 2, 1),
+    "tutorial-spare": Shape("stress_ddp_tutorial.py", 2, 1, spares=1),
     "results-gpus2": Shape("stress_results_at_end.py", 1, 2),
     "results-gpus4": Shape("stress_results_at_end.py", 1, 4),
 }
@@ -112,6 +115,7 @@ def commands(launcher: str, shape: Shape, out: Path, runs: Path) -> List[List[st
     script = [str(SCRIPTS / shape.script), str(out)]
     if launcher == "ours":
         nodes = ["--nodes", str(shape.nodes)] if shape.nodes > 1 else []
+        nodes += ["--spares", str(shape.spares), "--max-restarts", "1"] if shape.spares else []
         return [[sys.executable, "-m", "launcher", *nodes, "--gpus", str(shape.gpus), f"output_dir={runs}", *script]]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--max-restarts", "0",
                 "--nproc-per-node", str(shape.gpus)]

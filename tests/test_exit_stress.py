@@ -1,7 +1,7 @@
 """Ordinary user scripts launched many times in a row all finish: the intermittent hang at exit with
 forked warm workers (docs/architecture.md) stays fixed.
 
-Two torchrun-style scripts (tests/scripts/stress_*.py) in five shapes, launched round-robin, 5
+Two torchrun-style scripts (tests/scripts/stress_*.py) in six shapes, launched round-robin, 6
 launches in all by default, one of each shape (LAUNCHER_STRESS_LAUNCHES=N for more or fewer). A launch counts as bad
 if it has not finished within LAUNCH_TIMEOUT_S (its process group is then killed), exits non-zero,
 misses a rank's result file, had a rank killed by the launcher's own exit bound or took over
@@ -9,7 +9,7 @@ SLOW_EXIT_S to end after the results were written (a hang cut short), or leaves 
 
 Cost, measured on the 2-core machine: one launch takes 7.5 s (2 workers) to 16 s (4 workers) with
 nothing else running, 12-24 CPU-seconds each: 50 took about 10 minutes (740 s while other runs
-shared the machine), a quarter of the suite's CPU budget on 2 cores. The suite keeps a bounded 5, one of each shape
+shared the machine), a quarter of the suite's CPU budget on 2 cores. The suite keeps a bounded 6, one of each shape
 (under pytest-xdist they run beside other tests: under load, where the hang showed; every other test's
 launch ends through the same exit path, some 300 more a run); the hundreds
 live in bench/launch_stress.py, which runs the same shapes with CPU load and against torchrun.
@@ -35,7 +35,7 @@ from tests.helpers import REPO, command_line, descendants, kill_group, launcher_
 # other test runs shared it, hence a bound of twice that rather than 60 s (a hang that the launcher's
 # 60 s exit bound cuts short is caught by its summary and exit lag instead).
 LAUNCH_TIMEOUT_S = 90.0
-TOTAL_LAUNCHES = int(os.environ.get("LAUNCHER_STRESS_LAUNCHES", "5"))
+TOTAL_LAUNCHES = int(os.environ.get("LAUNCHER_STRESS_LAUNCHES", "6"))
 # The launcher kills a rank still alive launcher.exit_timeout_s (60 s) after its script returned and
 # completes the job: a hang, cut short. Normal exit lags here were 2-10 s.
 SLOW_EXIT_S = 30.0
@@ -66,6 +66,9 @@ SHAPES = [
     Shape("ddp_tutorial --nodes 2 --gpus 1", "stress_ddp_tutorial.py", ["--nodes", "2", "--gpus", "1"], 2, 7),
     Shape("results_at_end --gpus 2", "stress_results_at_end.py", ["--gpus", "2"], 2, 4),
     Shape("results_at_end --gpus 4", "stress_results_at_end.py", ["--gpus", "4"], 4, 5),
+    # a hot spare that waits the whole job out must end with it (torch's graceful exit of its redundancy list)
+    Shape("ddp_tutorial --nodes 2 --spares 1", "stress_ddp_tutorial.py",
+          ["--nodes", "2", "--spares", "1", "--max-restarts", "1", "--gpus", "1"], 2, 4),
 ]
 
 
