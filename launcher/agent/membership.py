@@ -54,7 +54,8 @@ def job_restarts(worker_group: Any, round_: int, mine: int) -> int:
     try:
         worker_group.store.set(keys[worker_group.group_rank], str(mine))
         worker_group.store.wait(keys, timedelta(seconds=RESTARTS_WAIT_S))
-        return max([mine, *(int(worker_group.store.get(k)) for k in keys)])
+        said = [int(worker_group.store.get(k)) for k in keys]  # a store on an open port: counts past MAX are not ours
+        return max([mine, *(n for n in said if 0 <= n <= worker_group.spec.max_restarts)])
     except (RuntimeError, ValueError, TimeoutError) as e:  # a node gone again: the next round says
         log.debug(f"reading the other nodes' restart counts failed: {e!r}")
         return mine
