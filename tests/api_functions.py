@@ -29,3 +29,18 @@ def sleep_then_return(seconds: float) -> int:
     print(f"rank {os.environ['RANK']} sleeping", flush=True)
     time.sleep(seconds)
     return int(os.environ["RANK"])
+
+
+def train_steps(steps: int) -> int:
+    """A few optimizer steps under DDP (the launcher's step records, its W&B run's rows); the rank."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        loss = model(torch.full((2, 4), float(step))).pow(2).mean()
+        optimizer.zero_grad(); loss.backward(); optimizer.step()  # noqa: E702
+    dist.destroy_process_group()
+    return int(os.environ["RANK"])

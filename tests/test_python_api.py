@@ -103,6 +103,32 @@ def test_a_job_whose_launcher_was_refused_never_adopts_the_run_that_has_its_id(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_launch_returns_once_the_job_completed_and_its_wandb_run_still_ends_whole(tmp_path, capsys):
+    """W&B on, offline, as a user gets it: launch() returns the values once summary.json and the launcher's last line
+    are out (the line echoed), not after the W&B run's end; the launcher ends that run after, and it holds the rows,
+    the summary and the console up to that last line."""
+    from launcher.runlock import live_holders
+    from tests.wandb_records import history, run_summary
+
+    assert launcher.launch(api_functions.train_steps, 6, gpus=2, output_dir=str(tmp_path)) == [0, 1]
+    echoed = capsys.readouterr().out
+    assert "completed in" in echoed.strip().splitlines()[-1], echoed[-2000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    deadline = time.monotonic() + 60
+    while live_holders(run_dir) and time.monotonic() < deadline:  # its launcher, ending the W&B run
+        time.sleep(0.1)
+    assert not live_holders(run_dir), "the launcher did not end within 60 s of the job's completion"
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    assert run_summary(folder)["status"] == "completed" and run_summary(folder)["steps"] == 6
+    assert [row["step"] for row in history(folder) if "steps_per_s" in row][-1] == 6
+    console = (folder / "files" / "output.log").read_text()
+    assert "completed in" in console.strip().splitlines()[-1], console[-2000:]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the call folder is gone
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_launch_from_a_scripts_main_returns_every_ranks_value_with_torchruns_environment(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

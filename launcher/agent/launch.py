@@ -35,7 +35,7 @@ from launcher.runtime.goodput import launch_key
 
 log = logging.getLogger("launcher")
 AGENT_ONLY_ENV = (env.START_TIME,)  # the launcher's own bookkeeping; a script never sees it
-NEVER_TO_WORKERS = (env.RDZV_SECRET,)  # the agents' alone: a worker's environment gets copied into logs and trackers
+NEVER_TO_WORKERS = (env.RDZV_SECRET, env.RELEASE)  # the agents' alone: a worker's environment gets copied into logs and trackers
 # Set in this process by the launcher's own W&B run starting its service (wandb's service token): a restarted
 # script's wandb.init then joined the launcher's service, where under torchrun it starts its own. Kept where the
 # user's environment brought one (a service they run for their ranks).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -23,9 +24,12 @@ from launcher.backends import registry
 from launcher.backends.base import Backend, Description
 from launcher.errors import LaunchFailed
 from launcher.runtime import safefs
+from launcher.runtime.schema import Status
 
 LAUNCHER_OUTPUT = "launcher.out"  # the child launcher's console, in the job's staging folder
+RELEASED = "released"  # made there by a local job's launcher once the job completed (launcher.runtime.env.RELEASE)
 POLL_S = 0.5
+RELEASE_POLL_S = 0.02  # while a local job's launcher may say it completed: launch() returns within this of it
 STOP_WAIT_S = 60.0
 REFUSED = 2  # the launcher's exit code for bad input: refused before anything was made
 
@@ -34,7 +38,7 @@ class Job:
     """One job of launcher.submit: its run directory is `run_dir`, its id `job_id` (the run id)."""
 
     def __init__(self, run_dir: Path, kind: str, key: bytes, world_size: int, staging: Path,
-                 process: Optional[subprocess.Popen]) -> None:
+                 process: Optional[subprocess.Popen], release: Optional[Path] = None) -> None:
         self.run_dir = Path(run_dir)
         self.job_id = self.run_dir.name
         self.kind = kind  # the engine expected to record the run (the record's own kind wins once it exists)
@@ -42,6 +46,7 @@ class Job:
         self._key = key
         self._staging = staging
         self._process = process  # the launcher this job started: runs a local job, submits a SLURM or Ray one
+        self._release = release  # the file that launcher makes once the job completed, before its W&B run's end
         self._echoed = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
         self._outcome: Optional[Union[List[Any], LaunchFailed]] = None  # result()'s, once the job ended
@@ -64,11 +69,18 @@ class Job:
         ended = described.final if described is not None else not self._starting()
         return ended and (self._process is None or self._process.poll() is not None)
 
-    def wait(self, timeout: Optional[float] = None, echo: bool = False) -> str:
+    def wait(self, timeout: Optional[float] = None, echo: bool = False, completed: bool = False) -> str:
         """Block until the job ended; its final state. echo: copy the launcher's console to sys.stdout meanwhile.
+        completed: return as soon as a local job's launcher says the job completed (summary.json written, its last
+        line printed), while it ends the job's W&B run and exits.
         TimeoutError after timeout seconds (the job goes on)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.done():
+        look = 0.0  # when to ask the engine again (a run's record is a dozen files: not at every pause)
+        while not (completed and self._released()):
+            if not self._starting() or time.monotonic() >= look:
+                if self.done():
+                    break
+                look = time.monotonic() + POLL_S
             if echo:
                 self._echo()
             if deadline is not None and time.monotonic() > deadline:
@@ -77,15 +89,15 @@ class Job:
             self._pause()
         if echo:
             self._echo()
-        return self.status()
+        return "COMPLETED" if completed and self._released() else self.status()
 
     def result(self) -> List[Any]:
         """The ranks' return values in rank order, once the job ended; LaunchFailed if it did not complete."""
         if self._outcome is None:
-            state = self.wait()
-            described = self._describe()
+            state = self.wait(completed=True)
+            described = None if self._released() else self._describe()
             try:
-                if described is None or described.exit_code != 0:
+                if not self._released() and (described is None or described.exit_code != 0):
                     self._outcome = self._failure(state)
                 else:
                     size = self.world_size_recorded()
@@ -137,6 +149,13 @@ class Job:
     def _starting(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def _released(self) -> bool:
+        """Whether this job's launcher said it completed (the file it makes in this job's own 0700 folder), with
+        summary.json saying so too."""
+        if self._release is None or not os.path.lexists(self._release):
+            return False
+        return self._summary().get("status") == Status.COMPLETED
+
     def _backend(self) -> Backend:
         return registry.backend_of_run(self.run_dir) if self._recorded() else registry.get(self.kind)
 
@@ -181,7 +200,9 @@ class Job:
 
     def _pause(self) -> None:
         """POLL_S, or less: a local job ends with its launcher, and the wait ends with it, not up to POLL_S after."""
-        if self._starting():
+        if self._starting() and self._release is not None:
+            time.sleep(RELEASE_POLL_S)  # its file, or the launcher's exit, is seen within this
+        elif self._starting():
             assert self._process is not None
             try:
                 self._process.wait(POLL_S)

@@ -65,10 +65,11 @@ class Standby:
     def usable(self) -> bool:
         return self.process.poll() is None and self.state == _state()
 
-    def start(self, args: List[str], console: str, started: float) -> Optional[subprocess.Popen]:
-        """Launch `python -m launcher ARGS` in it, its console to the file `console`; None if it is gone."""
-        launch: Dict[str, Any] = {"args": args, "env": dict(os.environ), "cwd": os.getcwd(), "console": console,
-                                  "started": started}
+    def start(self, args: List[str], console: str, started: float, extra_env: Dict[str, str]) -> Optional[subprocess.Popen]:
+        """Launch `python -m launcher ARGS` in it (this environment and extra_env), its console to the file `console`;
+        None if it is gone."""
+        launch: Dict[str, Any] = {"args": args, "env": {**os.environ, **extra_env}, "cwd": os.getcwd(),
+                                  "console": console, "started": started}
         fd, self.pipe = self.pipe, -1
         try:
             with os.fdopen(fd, "wb") as pipe:  # read once its imports are done

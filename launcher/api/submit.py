@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 from launcher.api import calls, standby
-from launcher.api.job import LAUNCHER_OUTPUT, Job
+from launcher.api.job import LAUNCHER_OUTPUT, RELEASED, Job
 from launcher.api.payload import write_payload
 from launcher.api.pickling import dumps_call
 from launcher.api.settings import overrides_for, resolve
@@ -30,6 +30,7 @@ from launcher.config.paths import URL_SCHEME
 from launcher.config.schema import ScriptConfig
 from launcher.errors import SettingError
 from launcher.plan import new_run_id
+from launcher.runtime import env
 
 WORKER = "launcher.api.worker"
 
@@ -43,7 +44,7 @@ def launch(fn: Callable[..., Any], *args: Any, **settings: Any) -> List[Any]:
     the job."""
     job = submit(fn, *args, **settings)
     try:
-        job.wait(echo=True)
+        job.wait(echo=True, completed=True)  # a completed job's values, not its W&B run's end (its launcher's to finish)
     except KeyboardInterrupt:
         job.cancel()
         raise
@@ -78,23 +79,27 @@ def submit(fn: Callable[..., Any], *args: Any, **settings: Any) -> Job:
                                             "sys_path": list(sys.path), "call": call, "sources": sources})
         kind = registry.for_config(cfg).name
         command = [*overrides, f"run_id={run_id}", f"output_dir={output_dir}", "-m", WORKER, str(call_file)]
-        process = start_launcher(command, staging / LAUNCHER_OUTPUT, started, kind == "local" and workers_kind(cfg) == "script")
+        release = staging / RELEASED if kind == "local" else None  # the job completed: the launcher makes it
+        process = start_launcher(command, staging / LAUNCHER_OUTPUT, started, kind == "local" and workers_kind(cfg) == "script",
+                                 {env.RELEASE: str(release)} if release is not None else {})
         calls.record_owners(staging, process.pid)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Job(run_dir, kind, key, cfg.nodes * cfg.gpus, staging, process)
+    return Job(run_dir, kind, key, cfg.nodes * cfg.gpus, staging, process, release)
 
 
-def start_launcher(args: List[str], console: Path, started: float, warm: bool) -> subprocess.Popen:
-    """`python -m launcher ARGS` in a session of its own, its console to the file `console`. warm: a job here whose
-    workers fork from a zygote, which the standby launcher (launcher.api.standby) runs where there is one."""
+def start_launcher(args: List[str], console: Path, started: float, warm: bool, extra_env: Dict[str, str]) -> subprocess.Popen:
+    """`python -m launcher ARGS` in a session of its own (this environment and extra_env), its console to the file
+    `console`. warm: a job here whose workers fork from a zygote, which the standby launcher (launcher.api.standby)
+    runs where there is one."""
     with open(console, "wb") as out:
         spare = standby.take() if warm else None
-        process = spare.start(args, str(console), started) if spare is not None else None
+        process = spare.start(args, str(console), started, extra_env) if spare is not None else None
         if process is None:
             process = subprocess.Popen(launcher_module_command("launcher", *args), stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+                                       stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True,
+                                       env={**os.environ, **extra_env})
     return process
 
 

@@ -67,11 +67,14 @@ def run_and_summarize(cfg: Config, plan: LaunchPlan, started: float, session: Op
     collector = start_collector(cfg, plan, started, session)
     sampler = SystemSampler(plan.run_dir, node_index(plan, session), running_worker_pids).start()
     try:
-        return run_to_summary(cfg, plan, started, session, finish_with(session, collector))
+        code = run_to_summary(cfg, plan, started, session, finish_with(session, collector))
+        if code == 0 and session is None:
+            release_caller()
+        return code
     finally:
         sampler.stop()
         if collector is not None:
-            collector.close(None)  # (closed already where a summary was written)
+            collector.close()  # its W&B run's end: after summary.json and the last line
 
 
 def node_index(plan: LaunchPlan, session: Optional[Any]) -> int:
@@ -180,7 +183,7 @@ def start_collector(cfg: Config, plan: LaunchPlan, started: float, session: Opti
 
 
 def finish_with(session: Optional[Any], collector: Optional[Collector]) -> Callable[..., Dict[str, Any]]:
-    """finish (or the session's), with the collector's last rows before and its W&B summary after."""
+    """finish (or the session's), with the collector's last rows before it (its W&B run gets the summary later)."""
     finish_as = session.finish if session is not None else finish
 
     def finishing(run_dir: Path, *args: Any, **kwargs: Any) -> Dict[str, Any]:
@@ -191,10 +194,22 @@ def finish_with(session: Optional[Any], collector: Optional[Collector]) -> Calla
             collector.drain()
         summary = finish_as(run_dir, *args, **kwargs)
         if collector is not None:
-            collector.close(summary)
+            collector.finished(summary)
         return summary
 
     return finishing
+
+
+def release_caller() -> None:
+    """The job completed (summary.json written, its last line printed): a launcher.launch() waiting for it
+    (env.RELEASE names the file it watches) returns now, while this launcher ends the job's W&B run and exits."""
+    path = os.environ.get(env.RELEASE)
+    if not path:
+        return
+    try:  # in the caller's own 0700 folder; never through a link planted there
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError as e:
+        log.debug(f"launcher.launch's caller not told of the end early ({e}); it sees this launcher exit")
 
 
 def resume_hint(cfg: Config, run_dir: Path) -> str:

@@ -24,3 +24,7 @@ TEST_HOOKS = (INJECT_FAULT, TEST_HANG_RANK, TEST_HANG_STEP, TEST_SAVE_DELAY_S)
 # The job's rendezvous secret (docs/security.md): the node agents sign what they share through the
 # rendezvous store with it. Read by the agent (launcher.config.rdzv_secret) and never passed to a worker.
 RDZV_SECRET = "LAUNCHER_RDZV_SECRET"
+# Set by launcher.launch() for the child launcher of a local job: a file (in the call's own folder) the launcher
+# creates once the job completed, summary.json written and its last line printed; launch() returns then, while
+# the launcher ends the job's W&B run and exits. Never passed to a worker.
+RELEASE = "LAUNCHER_RELEASE"

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from launcher.agent.ranklog import RankLog
 from launcher.config.schema import Config
@@ -28,7 +28,7 @@ from launcher.runtime.config import config_record
 from launcher.runtime.schema import Status
 from launcher.steps.records import StepFiles
 from launcher.steps.rows import JobRows
-from launcher.runtime.wandb_logger import WandbLogger, import_wandb, job_labels, wandb_enabled
+from launcher.runtime.wandb_logger import SETTINGS, WandbLogger, import_wandb, job_labels, wandb_enabled
 
 log = logging.getLogger("launcher")
 POLL_S = 1.0
@@ -37,7 +37,7 @@ JOIN_S = 5.0
 
 
 class Collector:
-    """start(), then drain() once the workers are done, then close(summary) once summary.json is written."""
+    """start(), then drain() once the workers are done, finished(summary) once summary.json is written, then close()."""
 
     def __init__(self, cfg: Config, run_dir: str, world_size: int, owner: Callable[[], bool], per_node: int = 0) -> None:
         self.cfg, self.run_dir, self.owner = cfg, run_dir, owner
@@ -50,6 +50,9 @@ class Collector:
         self.fd: Optional[int] = None
         self.wandb: Optional[WandbLogger] = None
         self.decided = not wandb_enabled(cfg.wandb)  # whether this job's W&B run is settled
+        self.making = False  # the launcher's W&B run is decided on and not made yet
+        self.pending: List[Tuple[str, Any]] = []  # what goes to W&B while it is made
+        self.summary: Optional[Dict[str, Any]] = None  # summary.json, once written (finished())
         self.lock = threading.Lock()
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="launcher-steps", daemon=True)
@@ -65,6 +68,7 @@ class Collector:
                 imported = True
                 import_wandb()
             self.poll()
+            self._make_wandb()
 
     def poll(self, final: bool = False) -> None:
         with self.lock:
@@ -76,34 +80,40 @@ class Collector:
                     self._decide(record)
             for row in self.rows.take(final):
                 self._say_straggler(row, final)
-                if self.wandb is not None and row.get("attempt", 0) > self.attempt:
-                    self.wandb.event("restart", f"attempt {row['attempt']} started at step {row['step']}")
+                if row.get("attempt", 0) > self.attempt:
+                    self._to_wandb("event", ("restart", f"attempt {row['attempt']} started at step {row['step']}"))
                 self.attempt = max(self.attempt, int(row.get("attempt", 0)))
                 self._write(row)
-                if self.wandb is not None:
-                    self.wandb.log(self.rows.launcher_figures(row))
+                self._to_wandb("log", self.rows.launcher_figures(row))
             self.calls += self.series.new_records()  # every launcher.log call, at the step it was made
             if self.decided:
-                if self.wandb is not None:
-                    for call in self.calls:
-                        self.wandb.log(self.rows.series_row(call))
+                for call in self.calls:
+                    self._to_wandb("log", self.rows.series_row(call))
                 self.calls = []
 
     def drain(self) -> None:
-        """The workers are done: the last records become rows."""
+        """The workers are done: the last records become rows (W&B, perhaps still starting, gets them in close())."""
         self.halt.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=JOIN_S)
         try:
             self.poll(final=True)
         except Exception as e:  # noqa: BLE001  (the job's outcome matters more than its last rows)
             log.warning(f"the last step records were not read: {e}")
 
-    def close(self, summary: Optional[Dict[str, Any]]) -> None:
-        """summary.json is written: W&B gets it, and the run ends."""
+    def finished(self, summary: Dict[str, Any]) -> None:
+        """summary.json is written: close() gives it to W&B."""
+        self.summary = summary
+
+    def close(self) -> None:
+        """The job's end (its summary.json and last line out first, so that nobody waits for W&B): W&B gets the
+        rows not yet sent and the summary, and the run ends."""
         self.drain()
+        if self.thread.is_alive():  # it may be making the W&B run (wandb.init, bounded by its own timeout)
+            self.thread.join(timeout=float(SETTINGS["init_timeout"]) + JOIN_S)
+        if not self.thread.is_alive():
+            self._make_wandb()  # decided at the very end
         with self.lock:
             if self.wandb is not None:
+                summary = self.summary
                 if summary:
                     status = summary.get("status")
                     if status in (Status.HUNG, Status.PREEMPTED, Status.INTERRUPTED, Status.FAILED):
@@ -111,9 +121,33 @@ class Collector:
                     self.wandb.log_summary(summary)
                 self.wandb.close(console_text(Path(self.run_dir)))
                 self.wandb = None
+            self.making, self.pending = False, []
             if self.fd is not None and self.fd >= 0:
                 os.close(self.fd)
             self.fd = -1
+
+    def _to_wandb(self, kind: str, what: Any) -> None:
+        """A row ("log") or an event ((kind, text)) for the job's W&B run: sent, or kept while the run is made."""
+        if self.wandb is not None:
+            if kind == "log":
+                self.wandb.log(what)
+            else:
+                self.wandb.event(*what)
+        elif self.making:
+            self.pending.append((kind, what))
+
+    def _make_wandb(self) -> None:
+        """Start the launcher's W&B run once decided on, outside the lock: wandb.init takes a second or more (its
+        service, the run's folder), and the rows, metrics.jsonl and the job's end go on meanwhile."""
+        with self.lock:
+            if not self.making or self.wandb is not None:
+                return
+        logger = WandbLogger(self.cfg.wandb, config_record(self.cfg), self.run_dir, job_labels(self.cfg, self.run_dir))
+        with self.lock:
+            self.wandb, self.making = logger, False
+            pending, self.pending = self.pending, []
+            for kind, what in pending:
+                self._to_wandb(kind, what)
 
     def _say_straggler(self, row: Dict[str, Any], final: bool) -> None:
         """The console hears of a straggler when one is named, and when it no longer is (not from the rows read at the
@@ -123,8 +157,7 @@ class Collector:
         rank = row.get("straggler_rank")
         if rank is not None and rank != self.named:
             log.warning(f"straggler at step {row['step']}: {row['straggler']}; the other ranks wait for it")
-            if self.wandb is not None:
-                self.wandb.event("straggler", f"at step {row['step']}: {row['straggler']}")
+            self._to_wandb("event", ("straggler", f"at step {row['step']}: {row['straggler']}"))
         elif rank is None and self.named is not None and not final:
             log.info(f"straggler gone at step {row['step']}: rank {self.named} keeps up again")
         if rank is not None or not final:
@@ -144,14 +177,13 @@ class Collector:
             log.warning(f"metrics.jsonl stops here ({why}); the job goes on")
 
     def _decide(self, record: Dict[str, Any]) -> None:
-        """At rank 0's first record: the script's own W&B run, or one of the launcher's."""
+        """At rank 0's first record: the script's own W&B run, or one of the launcher's (made by _make_wandb)."""
         self.decided = True
         if record.get("wandb"):
             log.info(f"W&B: the script's own run {record['wandb'].get('id')} gets the launcher's figures "
                      "(under launcher/); no second run")
         else:
-            self.wandb = WandbLogger(self.cfg.wandb, config_record(self.cfg), self.run_dir,
-                                     job_labels(self.cfg, self.run_dir))
+            self.making = True
 
 
 CONSOLE_BYTES = 8 << 20  # the console a W&B run gets: its newest this many bytes
