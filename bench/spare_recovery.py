@@ -9,11 +9,14 @@ re-formed and stepped again); then the job is stopped. The cases:
 - ours-spare: `python -m launcher --nodes 2 --spares 1` (simulated nodes: the launcher holds the store, any node may
   be lost; the spare takes the lost node's place: world size 2 after);
 - ours-elastic: `python -m launcher --nodes 1:2` (no spare: the job shrinks to 1 node);
+- ours-elastic-3: `python -m launcher --nodes 2:3` (3 nodes, no spare: it shrinks to 2);
 - torchrun-spare: three `torchrun --nnodes 2:2` agents on loopback, c10d (torch keeps the third in its redundancy list);
 - torchrun-elastic: two `torchrun --nnodes 1:2` agents.
 torchrun's store lives in the agent that started first, so the node lost there is never that one. Both run torch's
-c10d rendezvous; the launcher's spare job sets keep-alives of 1 s x 3 (torch's default: 5 s x 3) and torchrun runs
-with torch's defaults, as a user gets them. Prints the median and worst of each case and each against torchrun's.
+c10d rendezvous. The launcher sets keep-alives of 1 s x 3 (torch's default: 5 s x 3) where no second job could form
+(2 x MIN > MAX + spares: ours-spare, ours-elastic-3; ours-elastic keeps torch's), and a round after the first waits
+2 s for more nodes, not last_call_timeout (30 s); torchrun runs with torch's defaults, as a user gets them.
+Prints the median and worst of each case and each against torchrun's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "bench" / "scripts" / "first_steps.py"
-CASES = ("ours-spare", "ours-elastic", "torchrun-spare", "torchrun-elastic")
+CASES = ("ours-spare", "ours-elastic", "ours-elastic-3", "torchrun-spare", "torchrun-elastic")
+SHAPES = {"ours-spare": ["--nodes", "2", "--spares", "1"], "ours-elastic": ["--nodes", "1:2"],
+          "ours-elastic-3": ["--nodes", "2:3"]}
+RANKS = {"ours-elastic-3": 3}  # the ranks that step before the loss (2 elsewhere)
 STEP_FOR_S = 3.0  # the ranks step this long before the loss
 
 
@@ -49,8 +55,7 @@ def start(case: str, out: Path) -> List[subprocess.Popen]:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     script = [str(SCRIPT), str(out)]
     if case.startswith("ours"):
-        shape = ["--nodes", "2", "--spares", "1"] if case == "ours-spare" else ["--nodes", "1:2"]
-        cmd = [sys.executable, "-m", "launcher", *shape, "--gpus", "1", "--max-restarts", "3",
+        cmd = [sys.executable, "-m", "launcher", *SHAPES[case], "--gpus", "1", "--max-restarts", "3",
                f"output_dir={out / 'runs'}", "watchdog.timeout_s=0", *script]
         return [subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  start_new_session=True)]
@@ -123,7 +128,7 @@ def one(case: str, timeout: float) -> Dict[str, Any]:
         killed_at, before = None, {}
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             ranks = first_steps(out)
-            if killed_at is None and len(ranks) >= 2 and time.time() - max(ranks.values()) > STEP_FOR_S:
+            if killed_at is None and len(ranks) >= RANKS.get(case, 2) and time.time() - max(ranks.values()) > STEP_FOR_S:
                 node = victim(case, procs, ranks)
                 if node is not None:
                     before, killed_at = dict(ranks), time.time()

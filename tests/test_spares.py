@@ -168,7 +168,7 @@ def test_a_spare_that_cannot_work_is_refused_in_one_line(tmp_path, flags, said):
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
-def test_a_spare_jobs_keep_alives_are_quick_only_where_no_two_groups_of_min_nodes_can_form():
+def test_an_elastic_jobs_keep_alives_are_quick_only_where_no_two_groups_of_min_nodes_can_form():
     from types import SimpleNamespace
 
     from launcher.config.rendezvous import rdzv_configs
@@ -181,5 +181,21 @@ def test_a_spare_jobs_keep_alives_are_quick_only_where_no_two_groups_of_min_node
 
     assert configs(2, 2, 1) == (1, 3) and configs(4, 4, 3) == (1, 3)  # a dropped node could join no job but this one
     assert configs(2, 1, 1) == (None, None)  # 1 of 2 and a spare: two jobs of one node each could form (torch's 5 s)
-    assert configs(2, 2, 2) == (None, None) and configs(2, 2, 0) == (None, None)
+    assert configs(2, 2, 2) == (None, None) and configs(2, 2, 0) == (None, None)  # a fixed-size job: torch's
+    assert configs(3, 2, 0) == (1, 3) and configs(5, 3, 0) == (1, 3)  # no spare: a joining node could form no job
+    assert configs(2, 1, 0) == (None, None) and configs(4, 2, 0) == (None, None)  # joiners could make MIN alone
     assert configs(2, 2, 1, {"keep_alive_interval": "4"})[0] == "4"  # the user's own setting wins (as torch parses it)
+
+
+def test_a_round_after_the_first_waits_two_seconds_for_more_nodes_not_the_whole_last_call():
+    from datetime import timedelta
+
+    from launcher.agent.rendezvous import REFORM_LAST_CALL_S, ReformingTimeout
+
+    timeout = ReformingTimeout(None, timedelta(seconds=30), None, None)
+    assert timeout.last_call == timedelta(seconds=30) and timeout.join == timedelta(seconds=600)  # torch's join default
+    timeout.formed()  # this node's first round: the nodes started together are in
+    assert timeout.last_call == timedelta(seconds=REFORM_LAST_CALL_S) == timedelta(seconds=2)
+    short = ReformingTimeout(None, timedelta(seconds=1), None, None)
+    short.formed()
+    assert short.last_call == timedelta(seconds=1)  # a user's shorter last call stays

@@ -33,6 +33,7 @@ from launcher.agent import elastic_fixes
 from launcher.agent.failures import FailureWatch
 from launcher.agent.membership import job_restarts, record_round
 from launcher.agent.processes import WorkerJob, WorkerProcesses
+from launcher.agent.rendezvous import ReformingTimeout
 from launcher.config.elastic import round_line
 from launcher.runtime import env, torch_private
 
@@ -147,6 +148,9 @@ class AgentHooks:
 
     def after_rendezvous(self, worker_group: Any) -> None:
         handler = worker_group.spec.rdzv_handler
+        timeout = getattr(getattr(handler, "settings", None), "timeout", None)  # c10d's (static has none)
+        if isinstance(timeout, ReformingTimeout):
+            timeout.formed()
         seen = torch_private.rendezvous_round(handler)
         before = self.record.nodes
         if self.job.run_dir:

@@ -19,6 +19,27 @@ from launcher.agent.stores import listening_store
 from launcher.runtime import torch_private
 
 _HANDLER_CLASS: Any = None  # torch_private.rendezvous_handler_class(), made once
+REFORM_LAST_CALL_S = 2.0  # a round after the first waits this long for more nodes, not last_call_timeout (30 s)
+
+
+class ReformingTimeout(RendezvousTimeout):
+    """torch's rendezvous timeouts, with the wait for more nodes once MIN are in (last_call) cut to REFORM_LAST_CALL_S
+    at every round after this node's first (formed(), after each round). The first round waits the whole last call,
+    so that nodes started together start together; a later round is one the job's nodes come back to on their own
+    (a failure, a lost node, a node waiting to join), each within a second or so of its workers stopping, and a
+    node later than that joins the round after (one restart), where the whole last call was 30 s of a job stopped."""
+
+    def __init__(self, *timeouts: Optional[timedelta]) -> None:
+        super().__init__(*timeouts)
+        self.rounds = 0
+
+    @property
+    def last_call(self) -> timedelta:
+        whole = super().last_call
+        return min(whole, timedelta(seconds=REFORM_LAST_CALL_S)) if self.rounds else whole
+
+    def formed(self) -> None:
+        self.rounds += 1
 
 
 def rendezvous_handler(backend: str, endpoint: str, run_id: str, min_nodes: int, max_nodes: int,
@@ -43,8 +64,8 @@ def c10d_handler(store: Any, state: Any, params: RendezvousParameters) -> Any:
     global _HANDLER_CLASS
     if _HANDLER_CLASS is None:
         _HANDLER_CLASS = torch_private.rendezvous_handler_class(listening_store)
-    timeout = RendezvousTimeout(*(_seconds(params, f"{name}_timeout") for name in ("join", "last_call", "close",
-                                                                                    "heartbeat")))
+    timeout = ReformingTimeout(*(_seconds(params, f"{name}_timeout") for name in ("join", "last_call", "close",
+                                                                                   "heartbeat")))
     options: Dict[str, Any] = {"keep_alive_interval": params.get_as_int("keep_alive_interval", 5),
                                "keep_alive_max_attempt": params.get_as_int("keep_alive_max_attempt", 3)}
     if "cas_backoff_max_seconds" in inspect.signature(_HANDLER_CLASS.from_backend).parameters:

@@ -18,12 +18,13 @@ from launcher.config.elastic import rdzv_options, re_forms, spares
 from launcher.errors import ConfigError
 
 MODES = ("single", "simulated", "static", "c10d")
-# With hot spares a lost node counts as gone after 3 missed 1 s keep-alives (torch's default: 3 of 5 s) and a spare
-# takes its place: loss to the next step 6.6 s, not 12+. A live node stalled that long is dropped too, but with MIN =
-# the job's nodes and fewer spares than nodes (no two groups of MIN) it cannot form a job of its own: it costs a
-# restart. Each keep-alive rewrites the rendezvous state (82 bytes a node): for hundreds of nodes set
-# rdzv.conf.keep_alive_interval=5.
-SPARE_KEEP_ALIVE = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3}
+# An elastic job counts a lost node as gone after 3 missed 1 s keep-alives (torch's default: 3 of 5 s): with a hot
+# spare, the spare takes its place (loss to the next step 6.6 s, not 12+); without one, the survivors re-form 12 s
+# sooner. A live node stalled that long is dropped too (torch's c10d has no fencing): where the nodes outside the
+# job's round (spares, and nodes joining up to MAX) could make MIN of their own, they would form a second job beside
+# it; where they cannot (2 x MIN > MAX + spares), the dropped node costs a restart. Each keep-alive rewrites the
+# rendezvous state (82 bytes a node): for hundreds of nodes set rdzv.conf.keep_alive_interval=5.
+QUICK_KEEP_ALIVE = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3}
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -125,8 +126,9 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
 def rdzv_configs(plan: Any) -> Dict[str, Any]:
     """torch's rendezvous options: the static backend needs this node's rank and its own timeout."""
     spares, least = getattr(plan, "spares", 0), getattr(plan, "min_nodes", None) or plan.nodes
-    quick = spares and 2 * least > plan.nodes + spares  # no two groups of MIN nodes: a node dropped costs a restart
-    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s, **(SPARE_KEEP_ALIVE if quick else {}),
+    # elastic, and no two groups of MIN nodes among MAX and the spares: a node dropped costs a restart (see above)
+    quick = (least < plan.nodes or spares) and 2 * least > plan.nodes + spares
+    configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s, **(QUICK_KEEP_ALIVE if quick else {}),
                                **rdzv_options(getattr(plan, "rdzv_conf", {}))}
     if plan.rdzv_backend == "static":
         configs.update(rank=plan.node_rank or 0, timeout=plan.rdzv_timeout_s)
