@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -153,6 +154,39 @@ def handlers(store, run_id):
         state, client = create_backend(params)
         made.append((c10d_handler if own else create_handler)(client, state, params))
     return made
+
+
+def test_a_node_whose_round_went_on_without_it_is_told_to_join_again_where_torchs_is_not(store):
+    """Two nodes in one round (1:2); one's keep-alives stop (its agent stalled) and the other's next look drops it.
+    torch's handler then tells the dropped node nothing (its workers would train on beside any job formed without
+    it); ours counts a node waiting, so its agent stops its workers and joins again."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    from launcher.agent.rendezvous import c10d_handler
+
+    told = {}
+    for own in (True, False):
+        pair = []
+        for _ in range(2):
+            params = RendezvousParameters("c10d", f"127.0.0.1:{store.port}", f"fence-{own}", 1, 2, local_addr="127.0.0.1",
+                                          is_host=False, join_timeout=20, keep_alive_interval=1, keep_alive_max_attempt=3)
+            state, client = create_backend(params)
+            pair.append((c10d_handler if own else create_handler)(client, state, params))
+        stalled, live = pair
+        try:
+            joins = [threading.Thread(target=h.next_rendezvous) for h in pair]
+            [t.start() for t in joins], [t.join(30) for t in joins]
+            assert stalled.num_nodes_waiting() == 0 and live.num_nodes_waiting() == 0  # both in the round
+            stalled._stop_heartbeats()  # its agent stalls: no keep-alive from it any more
+            time.sleep(5.0)  # past 3 missed keep-alives of 1 s
+            assert live.num_nodes_waiting() == 0  # the live node drops it, and trains on
+            told[own] = stalled.num_nodes_waiting()
+        finally:
+            [h.shutdown() for h in pair]
+    assert told[True] == 1
+    assert told[False] == 0, "torch now tells a node its round went on without it: the override can go"
 
 
 def test_each_round_gets_a_fresh_workers_store_where_torchs_handler_keeps_the_first(store):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from datetime import timedelta
 from typing import Any, Dict, Optional
 
@@ -18,6 +19,7 @@ from launcher.agent.signed_rdzv import SignedBackend
 from launcher.agent.stores import listening_store
 from launcher.runtime import torch_private
 
+log = logging.getLogger("launcher")
 _HANDLER_CLASS: Any = None  # torch_private.rendezvous_handler_class(), made once
 REFORM_LAST_CALL_S = 2.0  # a round after the first waits this long for more nodes, not last_call_timeout (30 s)
 
@@ -63,7 +65,7 @@ def c10d_handler(store: Any, state: Any, params: RendezvousParameters) -> Any:
     read the same way (torch 2.10 to 2.15; cas_backoff_max_seconds from 2.15)."""
     global _HANDLER_CLASS
     if _HANDLER_CLASS is None:
-        _HANDLER_CLASS = torch_private.rendezvous_handler_class(listening_store)
+        _HANDLER_CLASS = torch_private.rendezvous_handler_class(listening_store, _dropped)
     timeout = ReformingTimeout(*(_seconds(params, f"{name}_timeout") for name in ("join", "last_call", "close",
                                                                                    "heartbeat")))
     options: Dict[str, Any] = {"keep_alive_interval": params.get_as_int("keep_alive_interval", 5),
@@ -72,6 +74,11 @@ def c10d_handler(store: Any, state: Any, params: RendezvousParameters) -> Any:
         options["cas_backoff_max_seconds"] = float(params.get("cas_backoff_max_seconds", 0.0))
     return _HANDLER_CLASS.from_backend(params.run_id, store, state, params.min_nodes, params.max_nodes,
                                        params.local_addr, timeout, **options)
+
+
+def _dropped(addr: str) -> None:
+    log.warning(f"this node ({addr}) missed its rendezvous keep-alives (its agent stalled): the job's round went on "
+                "without it, so its workers stop and it joins the next round")
 
 
 def _seconds(params: RendezvousParameters, key: str) -> Optional[timedelta]:

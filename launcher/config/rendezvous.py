@@ -20,9 +20,12 @@ from launcher.errors import ConfigError
 MODES = ("single", "simulated", "static", "c10d")
 # An elastic job counts a lost node as gone after 3 missed 1 s keep-alives (torch's default: 3 of 5 s): with a hot
 # spare, the spare takes its place (loss to the next step 6.6 s, not 12+); without one, the survivors re-form 12 s
-# sooner. A live node stalled that long is dropped too (torch's c10d has no fencing): where the nodes outside the
-# job's round (spares, and nodes joining up to MAX) could make MIN of their own, they would form a second job beside
-# it; where they cannot (2 x MIN > MAX + spares), the dropped node costs a restart. Each keep-alive rewrites the
+# sooner. A live node stalled that long is dropped too, and nodes outside the job's round could form a second job
+# beside it. Our handler fences it (launcher.runtime.torch_private: at its agent's next look it stops its workers
+# and joins again), so that costs a restart where the outsiders cannot form a job before that look: where they
+# cannot make MIN at all (2 x MIN > MAX + spares), or where there are no spares (a node joining is in its first
+# round, which waits the whole last_call_timeout, 30 s, unless MAX are in at once, which nodes outside a running
+# job are not). With spares that could make MIN of their own, torch's 5 s x 3 stays. Each keep-alive rewrites the
 # rendezvous state (82 bytes a node): for hundreds of nodes set rdzv.conf.keep_alive_interval=5.
 QUICK_KEEP_ALIVE = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3}
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -126,8 +129,8 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
 def rdzv_configs(plan: Any) -> Dict[str, Any]:
     """torch's rendezvous options: the static backend needs this node's rank and its own timeout."""
     spares, least = getattr(plan, "spares", 0), getattr(plan, "min_nodes", None) or plan.nodes
-    # elastic, and no two groups of MIN nodes among MAX and the spares: a node dropped costs a restart (see above)
-    quick = (least < plan.nodes or spares) and 2 * least > plan.nodes + spares
+    # elastic, and no second job can form before a dropped node fences itself: it costs a restart (see above)
+    quick = (least < plan.nodes or spares) and (not spares or 2 * least > plan.nodes + spares)
     configs: Dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s, **(QUICK_KEEP_ALIVE if quick else {}),
                                **rdzv_options(getattr(plan, "rdzv_conf", {}))}
     if plan.rdzv_backend == "static":

@@ -87,7 +87,7 @@ def process_context_class() -> type:
 
 
 # -- the c10d rendezvous (torch.distributed.elastic.rendezvous.dynamic_rendezvous) ---------------------------------
-def rendezvous_handler_class(create_store_server: Any) -> type:
+def rendezvous_handler_class(create_store_server: Any, dropped: Any) -> type:
     """A DynamicRendezvousHandler whose rounds each start a fresh workers' store, from create_store_server(addr,
     port) (one that listens on this node's address alone). torch keeps the first round's store for good, so
     restarted workers read the dead attempt's gloo addresses and hang (pytorch#135712, open as of torch 2.15).
@@ -95,6 +95,12 @@ def rendezvous_handler_class(create_store_server: Any) -> type:
     Its shutdown also ends cleanly where a signal interrupted the keep-alive timer's start: torch's cancel then joins
     a thread never started ("cannot join thread before it is started", over the signal); the timer's finalizer has
     run by then, so a second shutdown closes the rendezvous.
+
+    It fences a node its round went on without: torch's agent asks num_nodes_waiting() at each look at its healthy
+    workers, and a node whose keep-alives lapsed (its agent stalled) is no longer a participant of the round it runs
+    in; torch would leave its workers training beside whatever job the nodes outside that round form. Ours counts
+    one node waiting then, so the agent stops its workers and joins again, as for a node joining
+    (dropped(addr) is called once, to say so); the job's other ranks fail on the stopped peer and re-form with it.
 
     Its events (its own and its operation executor's) skip naming their caller while torch records none: torch's
     _record calls inspect.stack() twice for that name before construct_and_record_rdzv_event returns at once on its
@@ -111,6 +117,7 @@ def rendezvous_handler_class(create_store_server: Any) -> type:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._op_executor = OpExecutor(self._this_node, self._state_holder, self._settings)
+            self._launcher_round = None
 
         def _record(self, *args, **kwargs):
             if not events_dropped():
@@ -122,7 +129,22 @@ def rendezvous_handler_class(create_store_server: Any) -> type:
         def next_rendezvous(self):
             self._shared_tcp_store_server = None  # so rank 0 of the round starts a new one
             self._bootstrap_store_info = None
-            return super().next_rendezvous()
+            self._launcher_round = None
+            info = super().next_rendezvous()
+            self._launcher_round = self._state_holder.state.round  # the round this node's workers run in
+            return info
+
+        def num_nodes_waiting(self):
+            waiting = super().num_nodes_waiting()  # (its state synced)
+            if waiting or self._launcher_round is None:
+                return waiting
+            state = self._state_holder.state
+            if state.round == self._launcher_round and self._this_node in state.participants:
+                return 0
+            self._launcher_round = None  # said once: the agent restarts its workers now, and joins again
+            dropped(self._this_node.addr)
+            return 1
+
 
         def shutdown(self) -> bool:
             try:
