@@ -77,7 +77,8 @@ def c10d_handler(store: Any, state: Any, params: RendezvousParameters) -> Any:
 
 
 def _dropped(addr: str) -> None:
-    log.warning(f"this node ({addr}) missed its rendezvous keep-alives (its agent stalled): the job's round went on "
+    log.warning(f"this node ({addr}) missed its rendezvous keep-alives (its agent stalled, or its clock is behind the "
+                "store host's by more than keep_alive_interval x keep_alive_max_attempt): the job's round went on "
                 "without it, so its workers stop and it joins the next round")
 
 
