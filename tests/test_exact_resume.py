@@ -5,7 +5,7 @@ ranks on, the order of the additions changes the result, and DDP's first step of
 used to reduce in a different bucket layout than the steps after it (trainers.stepping.
 settle_gradient_buckets). The drift began at 1e-8 and grew chaotically, so the checks here are
 equality, of every rank's checksum and of the final loss. SLURM requeues at 4 ranks are checked
-in tests/test_slurm.py.
+in tests/test_slurm_requeue.py.
 """
 
 import pytest

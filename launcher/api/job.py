@@ -95,9 +95,10 @@ class Job:
         """The ranks' return values in rank order, once the job ended; LaunchFailed if it did not complete."""
         if self._outcome is None:
             state = self.wait(completed=True)
-            described = None if self._released() else self._describe()
+            released = self._released()  # (summary.json read once)
+            described = None if released else self._describe()
             try:
-                if not self._released() and (described is None or described.exit_code != 0):
+                if not released and (described is None or described.exit_code != 0):
                     self._outcome = self._failure(state)
                 else:
                     size = self.world_size_recorded()
