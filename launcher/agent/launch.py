@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -57,14 +56,13 @@ def run_node(plan: LaunchPlan, spec: AgentSpec, logs_specs: Optional[RunDirLogsS
     agent_env = dict(plan.agent_env)
     os.environ.update(agent_env)
     job = worker_job(plan, spec, tuple(agent_env))
-    rdzv_endpoint, rdzv_store, own_secret = plan.rdzv_endpoint, None, False
+    rdzv_endpoint, rdzv_store = plan.rdzv_endpoint, None
+    own_secret = plan.mode == "simulated"  # the launcher made the nodes' secret: only a local stranger can forge
     if plan.mode == "single":
-        # torch's c10d rendezvous would start its store on every interface; hosted here first, on
+        # torch's static rendezvous would start its store on every interface; hosted here first, on
         # loopback, it finds this one (multi-tenant, same port) and starts none; held until we return
         rdzv_store = listening_store("127.0.0.1", 0, plan.rdzv_timeout_s)
         rdzv_endpoint, local_addr = f"127.0.0.1:{rdzv_store.port}", "127.0.0.1"
-        own_secret = rdzv_key is None
-        rdzv_key = rdzv_key or secrets.token_bytes(32)  # loopback is reachable by every local user
     logs_specs = logs_specs or RunDirLogsSpecs(Path(plan.run_dir) / "logs")
     master_addr, master_port = (parse_rendezvous_endpoint(rdzv_endpoint, default_port=-1)
                                 if plan.rdzv_backend == "static" else (None, None))

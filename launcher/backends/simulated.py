@@ -25,7 +25,7 @@ from launcher.agent.stores import listening_store
 from launcher.backends.children import zygote_module_command
 from launcher.config.rendezvous import split_endpoint
 from launcher.config.schema import Config, to_dict
-from launcher.errors import HangError, WorkerFailedError
+from launcher.errors import ConfigError, HangError, WorkerFailedError
 from launcher.plan import LaunchPlan
 from launcher.rundir import (finish, first_failed_node, one_line_summary, prepare_run_dir, read_json, read_node_record,
                              summary_base)
@@ -130,8 +130,8 @@ class NodeSupervisor:
         """An elastic job loses node k and goes on while at least MIN nodes remain (torch's agents re-form it)."""
         left = sum(1 for j, c in enumerate(codes) if c is None and j != k)
         least = self.plan.min_nodes or self.plan.nodes
-        if not self.plan.elastic or left < least:
-            return False
+        if not self.plan.elastic or left < least or code == ConfigError.exit_code:
+            return False  # exit 2: the node refused (bad input, a store value not the job's), so would the others
         self.lost.append(k)
         if self.plan.spares:
             running = min(left, self.plan.nodes)

@@ -108,7 +108,8 @@ def rendezvous_fields(cfg: Any, run_id: str, free_port: int = 0) -> Dict[str, An
     mode = launch_mode(cfg)
     fields: Dict[str, Any] = {"mode": mode, "node_rank": cfg.rdzv.node_rank, "rdzv_id": run_id}
     if mode == "single":
-        fields.update(rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0")
+        # static, as torchrun's own one-node default: c10d's first round sleeps a random 0-0.3 s, which a launch pays
+        fields.update(rdzv_backend="static", rdzv_endpoint="127.0.0.1:0")
     elif mode == "simulated":
         backend = "c10d" if re_forms(cfg) else "static"  # only c10d re-forms without a lost node
         fields.update(rdzv_backend=backend, rdzv_endpoint=f"127.0.0.1:{free_port}")
