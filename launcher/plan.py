@@ -79,6 +79,7 @@ class LaunchPlan:
     min_nodes: Optional[int] = None  # elastic (--nodes MIN:MAX): the fewest nodes the job runs on; None = nodes
     rdzv_conf: Dict[str, Any] = field(default_factory=dict)  # torch's rendezvous options (rdzv.conf)
     spares: int = 0  # hot spare nodes beyond `nodes` (--spares): checked in, warm, running no ranks until one is lost
+    evict_slow_after_s: float = 0.0  # a node named the straggler this long leaves for a waiting spare (0: never)
 
     @property
     def elastic(self) -> bool:
@@ -233,6 +234,7 @@ def build_plan(cfg: Config, hw: Hardware, run_id: str, run_dir: str, free_port: 
         min_nodes=min_nodes(cfg),
         rdzv_conf=dict(cfg.rdzv.conf),
         spares=spares(cfg),
+        evict_slow_after_s=float(cfg.launcher.evict_slow_after_s),
     )
 
 

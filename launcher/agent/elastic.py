@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig
 
 from launcher.agent import elastic_fixes
+from launcher.agent.eviction import Evicted, Eviction
 from launcher.agent.failures import FailureWatch
 from launcher.agent.membership import job_restarts, record_round
 from launcher.agent.processes import WorkerJob, WorkerProcesses
@@ -71,6 +72,7 @@ class AgentSettings:
     master_port: Optional[int] = None
     elastic: Optional[Tuple[int, int]] = None  # (MIN, MAX) nodes of an elastic job: each round's line says what runs
     spares: int = 0  # hot spare nodes beyond MAX (--spares), said in each round's line
+    evict_slow_after_s: float = 0.0  # a node whose ranks stay the straggler this long leaves for a spare (0: never)
 
 
 class AgentRecord:
@@ -127,9 +129,11 @@ class AgentHooks:
     """What the agent's hooks do (launcher.runtime.torch_private.elastic_agent_class calls these)."""
 
     def __init__(self, job: WorkerJob, watch: FailureWatch, record: AgentRecord, logs_specs: Any,
-                 elastic: Optional[Tuple[int, int]] = None, spares: int = 0) -> None:
+                 elastic: Optional[Tuple[int, int]] = None, spares: int = 0, evict_slow_after_s: float = 0.0) -> None:
         self.job, self.watch, self.record, self.logs_specs, self.elastic = job, watch, record, logs_specs, elastic
         self.spares = spares
+        self.eviction = (Eviction(job.run_dir, evict_slow_after_s, torch_private.spares_waiting)
+                         if evict_slow_after_s > 0 and spares and job.run_dir else None)
         self.failed = False  # the last look saw a failed attempt: the restart that follows is a failure's
         self.processes: Optional[WorkerProcesses] = None  # the current attempt's
         self.round_restarts = 0  # the restart count the last round started with
@@ -152,6 +156,8 @@ class AgentHooks:
         if isinstance(timeout, ReformingTimeout):
             timeout.formed()
         seen = torch_private.rendezvous_round(handler)
+        if self.eviction is not None and seen is not None:
+            self.eviction.round_started(worker_group, seen["round"])
         before = self.record.nodes
         if self.job.run_dir:
             self.record.observe(record_round(self.job.run_dir, worker_group, seen))
@@ -172,6 +178,8 @@ class AgentHooks:
 
     def monitored(self, worker_group: Any, result: Any) -> None:
         self.failed = result.is_failed()
+        if self.eviction is not None and not self.failed:
+            self.eviction.look(worker_group.spec.rdzv_handler)  # raises Evicted: torch's run() stops the workers
         if self.failed:
             left = worker_group.spec.max_restarts - self.record.restarts
             times = self.processes.failure_times() if self.processes is not None else {}
@@ -199,7 +207,7 @@ def run_agent(settings: AgentSettings, rdzv_handler: Any, job: WorkerJob, watch:
                      max_restarts=settings.max_restarts, monitor_interval=settings.monitor_interval_s,
                      master_addr=settings.master_addr, master_port=settings.master_port, local_addr=settings.local_addr)
     agent_class = torch_private.elastic_agent_class(AgentHooks(job, watch, record, logs_specs, settings.elastic,
-                                                                      settings.spares))
+                                                                      settings.spares, settings.evict_slow_after_s))
     agent = _accepted(agent_class, spec=spec, logs_specs=logs_specs, start_method="spawn",  # unused: our processes
                       shutdown_timeout=int(settings.shutdown_timeout_s))
     shutdown_rdzv = True
@@ -213,6 +221,11 @@ def run_agent(settings: AgentSettings, rdzv_handler: Any, job: WorkerJob, watch:
     except SignalException:  # as torch's: a rendezvous shut down by a signal would be closed for the other nodes
         shutdown_rdzv = False
         raise
+    except Evicted as e:  # its workers are stopped; the round stays open for the others and the spare
+        shutdown_rdzv = False
+        torch_private.leave_rendezvous(rdzv_handler)
+        log.warning(f"this node leaves the job: {e}; its place goes to the spare")
+        return {}
     finally:
         if shutdown_rdzv:
             rdzv_handler.shutdown()

@@ -70,7 +70,7 @@ def run_node(plan: LaunchPlan, spec: AgentSpec, logs_specs: Optional[RunDirLogsS
                              monitor_interval_s=spec.monitor_interval_s, local_addr=local_addr, shutdown_timeout_s=plan.shutdown_timeout_s,
                              master_addr=master_addr, master_port=master_port,
                              elastic=(plan.min_nodes or plan.nodes, plan.nodes) if plan.elastic else None,
-                             spares=plan.spares)
+                             spares=plan.spares, evict_slow_after_s=plan.evict_slow_after_s)
     watch, agent = FailureWatch(plan), AgentRecord()
 
     def agent_runs() -> Dict[int, Any]:  # as torch's launch_agent: the rendezvous's store is reached under the watchdog

@@ -59,15 +59,7 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
             text = f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return []
-    rows = []
-    for line in text.split("\n")[:-1]:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return safefs.json_rows([line.encode() for line in text.split("\n")[:-1]])
 
 
 def tail_lines(path: Path, count: int) -> List[str]:

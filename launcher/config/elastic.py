@@ -75,6 +75,8 @@ def check_elastic(cfg: Any) -> None:
     if spares(cfg) < 0:
         raise ConfigError(f"--spares {spares(cfg)} must be 0 or more: the hot spare nodes beyond --nodes, e.g. --spares 1")
     if not re_forms(cfg):
+        if cfg.launcher.evict_slow_after_s:
+            check_eviction(cfg)
         return
     what = f"--nodes {shown(cfg)} (elastic)" if is_elastic(cfg) else f"--spares {spares(cfg)}"
     if cfg.rdzv.node_rank is not None or cfg.rdzv.master_addr:
@@ -83,9 +85,23 @@ def check_elastic(cfg: Any) -> None:
     if cfg.cluster != "local":
         raise ConfigError(f"{what} is not supported with --cluster {cfg.cluster}, which allocates "
                           f"a fixed set of nodes: use --nodes {cfg.nodes}")
+    check_eviction(cfg)
     if spares(cfg) and cfg.launcher.max_restarts == 0:
         raise ConfigError(f"--spares {spares(cfg)} with --max-restarts 0: a spare takes a lost node's place in a restart "
                           f"of the workers, which counts as one: add --max-restarts K, e.g. --max-restarts {spares(cfg) + 2}")
+
+
+def check_eviction(cfg: Any) -> None:
+    """launcher.evict_slow_after_s: 0 (off) or seconds, and only where a spare can take the slow node's place."""
+    after = cfg.launcher.evict_slow_after_s
+    if isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after < float("inf"):
+        raise ConfigError(f"launcher.evict_slow_after_s={after} must be 0 (off) or seconds, e.g. 60")
+    if after and not spares(cfg):
+        raise ConfigError(f"launcher.evict_slow_after_s={after:g} replaces a slow node with a hot spare, and this job "
+                          f"has none: add --spares 1 (and one more node agent started), or drop the option")
+    if after and not cfg.metrics.scripts and cfg.script.path is not None:
+        raise ConfigError(f"launcher.evict_slow_after_s={after:g} judges nodes by the script's step records, which "
+                          "metrics.scripts=false turns off: drop one of the two")
 
 
 def check_rdzv_option(key: str, value: Any, shown: str) -> None:

@@ -106,6 +106,9 @@ class LaunchSection:
     max_restarts: int = 0  # restart all workers up to this many times when one fails
     # hot spare nodes beyond --nodes (c10d): checked in and warm, running no ranks, each taking a lost node's place
     spares: int = 0
+    # with a spare waiting, a node whose ranks the step records name the straggler this many seconds in a row leaves
+    # the job and the spare takes its place (launcher.agent.eviction); 0 = never
+    evict_slow_after_s: float = 0.0
     # threads per worker; 0 = OMP_NUM_THREADS if exported, else for a script torchrun's (1 with several workers per
     # node, none with one), for the built-in trainer cores / workers per node (at least 1)
     omp_threads: int = 0

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from launcher.runtime import formatting, safefs
 from launcher.runtime.diskspace import disk_full, full_while_writing
-from launcher.runtime.schema import FAILURE, GOODPUT, GOODPUT_DIR, GOODPUT_RECORD_BYTES, ROUND, SUMMARY, Status
+from launcher.runtime.schema import EVICTED, FAILURE, GOODPUT, GOODPUT_DIR, GOODPUT_RECORD_BYTES, ROUND, SUMMARY, Status
 
 # Where wall time goes besides kept steps, in the order the summary lists them.
 # membership: an elastic job re-forming after a node left or joined (its re-rendezvous and restart), not a failure's
@@ -27,7 +27,7 @@ CAUSES = ("startup", "checkpoint", "failure_detection", "restart", "membership",
 # process group, building model, data and optimizer, loading the newest checkpoint, then the first step's start.
 PHASES = ("launch", "process_group", "build", "reload", "first_step")
 DIR, RECORD_BYTES = GOODPUT_DIR, GOODPUT_RECORD_BYTES  # a record is rewritten in place, padded: one pwrite per step
-RECORDS = {"attempt": GOODPUT, "failure": FAILURE, "round": ROUND}  # <launch>-<kind>-<n>.json
+RECORDS = {"attempt": GOODPUT, "failure": FAILURE, "round": ROUND, "evicted": EVICTED}  # <launch>-<kind>-<n>.json
 
 
 def launch_key(started: float) -> str:
@@ -271,8 +271,10 @@ def membership_changes(run_dir: Path, started: float) -> List[Dict[str, Any]]:
     """An elastic job's membership changes in this launch, oldest first: [{at, round, left, joined, nodes,
     world_size}], from the node agents' records of each rendezvous round (launcher.agent.membership). Where as many
     nodes joined as left and the world size stayed (hot spares took the lost nodes' places), `replaced` pairs
-    them: [{left, by}]."""
+    them: [{left, by}]. Where the node left because it was slow (launcher.agent.eviction), `evicted` says which
+    rank's node and why."""
     rounds = list(_attempts(run_dir, launch_key(started), "round").values())
+    evictions = _attempts(run_dir, launch_key(started), "evicted")
     rounds.sort(key=lambda r: (int(r.get("round", 0)), float(r.get("at", 0))))
     changes = []
     for before, after in zip(rounds, rounds[1:]):
@@ -283,6 +285,10 @@ def membership_changes(run_dir: Path, started: float) -> List[Dict[str, Any]]:
                       "nodes": len(after["nodes"]), "world_size": after.get("world_size")}
             if left and len(left) == len(joined) and after.get("world_size") == before.get("world_size"):
                 change["replaced"] = [{"left": gone, "by": new} for gone, new in zip(left, joined)]  # a spare's
+            evicted = evictions.get(int(before.get("round", -1)))
+            if evicted and left:
+                change["evicted"] = {"rank": evicted["rank"], "node": left[0] if len(left) == 1 else None,
+                                     "why": evicted.get("why"), "lagged_s": evicted.get("lagged_s")}
             changes.append(change)
     return changes
 
@@ -294,6 +300,8 @@ def said_change(change: Dict[str, Any]) -> str:
                     [f"joined: {', '.join(change['joined'])}"] * bool(change["joined"]))
     if change.get("replaced"):
         who = "; ".join(f"{r['left']} replaced by {r['by']}" for r in change["replaced"])
+    if change.get("evicted"):
+        who += f"; evicted as slow: {change['evicted'].get('why')}"
     return f"membership change ({who}): {change.get('nodes')} nodes, world size {change.get('world_size')}"
 
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import stat
-from typing import IO, Any, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 WHY = "a symlink the launcher did not make"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -196,6 +197,36 @@ def open_file(path: str, mode: str = "r", *, root: str, **kwargs: Any) -> IO[Any
 def read_bytes(path: str, *, root: str) -> bytes:
     with open_file(path, "rb", root=root) as f:
         return f.read()
+
+
+def json_rows(lines: List[bytes]) -> List[Dict[str, Any]]:
+    """The JSON objects among lines (JSONL); a line that is not one is left out."""
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def read_new_rows(path: str, offset: int, *, root: str, most: int = 1 << 20) -> Tuple[List[Dict[str, Any]], int]:
+    """The whole JSONL lines of path after offset (at most `most` bytes), and the offset after them: a line being
+    written is left for the next read. No rows (offset kept) where the file is missing or not a regular file."""
+    try:
+        fd = open_fd(path, os.O_RDONLY, root=root)
+    except OSError:
+        return [], offset
+    try:
+        data = os.pread(fd, most, offset)
+    except OSError:
+        return [], offset
+    finally:
+        os.close(fd)
+    whole = data[:data.rfind(b"\n") + 1]
+    return json_rows(whole.split(b"\n")[:-1]), offset + len(whole)
 
 
 def replace(src: str, dst: str, *, root: str) -> None:

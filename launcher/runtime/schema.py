@@ -5,8 +5,9 @@ its writers and readers take them from, so a new field is one line here.
   measuring each field that has a `sample`; launcher.steps reads it). A field declared with `rows` or `per_rank`
   reaches metrics.jsonl, W&B, `ls --json` and the board (ROW), one with `summary` reaches summary.json (SUMMARY).
 - ROW: a metrics.jsonl row: a script's (launcher.steps.rows), and the fields readers take from the built-in trainer's.
-- GOODPUT, FAILURE, ROUND: goodput/<launch>-attempt-<n>.json (rank 0's clock: launcher.runtime.goodput or the
-  worker), -failure-<n>.json (the agent's), -round-<n>.json (an elastic job's rendezvous rounds).
+- GOODPUT, FAILURE, ROUND, EVICTED: goodput/<launch>-attempt-<n>.json (rank 0's clock: launcher.runtime.goodput or
+  the worker), -failure-<n>.json (the agent's), -round-<n>.json (an elastic job's rendezvous rounds), -evicted-<n>.json
+  (a slow node sent away in round n: launcher.agent.eviction).
 - NODE: nodes/node-<k>.json, how each node's launcher ended (launcher.backends.node).
 - SUMMARY: summary.json (launcher.rundir.finish, with the built-in trainer's figures).
 
@@ -219,6 +220,14 @@ ROUND = Record("goodput/<launch>-round-<n>.json", [
     F("nodes", list, "", "the nodes in it (host:port)", items=str, required=True),
     F("at", float, "s", "when it formed"),
     F("world_size", int, "", "ranks in it"),
+])
+
+EVICTED = Record("goodput/<launch>-evicted-<n>.json", [
+    F("rank", int, "", "the straggler rank whose node left for a spare", required=True),
+    F("round", int, "", "the rendezvous round it left"),
+    F("at", float, "s", "when the agent of rank 0's node said so"),
+    F("lagged_s", float, "s", "how long the step rows had named it"),
+    F("why", str, "", "the line that said why", size=600),
 ])
 
 ROOT_CAUSE = Record("root_cause", [

@@ -152,7 +152,34 @@ def rendezvous_handler_class(create_store_server: Any, dropped: Any) -> type:
             except RuntimeError:
                 return super().shutdown()
 
+        def launcher_spares_waiting(self) -> int:
+            """Nodes kept beyond MAX (torch's redundancy list: hot spares), the state synced first."""
+            with self._heartbeat_lock:
+                self._state_holder.sync()
+                return len(getattr(self._state_holder.state, "redundancy_list", ()))
+
+        def launcher_leave(self) -> None:
+            """This node out of the round without closing it (shutdown would end the job for every node): what the
+            others' keep-alive sweep would do once its keep-alives lapsed, now."""
+            self._stop_heartbeats()
+            self._launcher_round = None
+            deadline = self._get_deadline(self._settings.timeout.close)
+            self._op_executor.run(dynamic_rendezvous._RendezvousExitOp(), deadline)
+
     return LauncherRendezvousHandler
+
+
+def spares_waiting(handler: Any) -> int:
+    """The hot spares waiting in a c10d round (0 for a handler that keeps none: static)."""
+    ask = getattr(handler, "launcher_spares_waiting", None)
+    return int(ask()) if ask is not None else 0
+
+
+def leave_rendezvous(handler: Any) -> None:
+    """Take this node out of its c10d round, the round left open for the others (no-op on static)."""
+    leave = getattr(handler, "launcher_leave", None)
+    if leave is not None:
+        leave()
 
 
 def events_dropped() -> bool:

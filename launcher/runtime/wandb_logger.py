@@ -133,7 +133,8 @@ class WandbLogger:
                 self.event("membership", said_change(change), level="INFO")
             if changes:
                 summary = {**summary, "membership_changes": len(changes),
-                           "replacements": sum(len(c.get("replaced") or []) for c in changes)}
+                           "replacements": sum(len(c.get("replaced") or []) for c in changes),
+                           "evictions": sum(1 for c in changes if c.get("evicted"))}
             flat = {**summary, **{f"{k}/{sub}": v for k, d in summary.items() if isinstance(d, dict) for sub, v in d.items()}}
             # str(v): a plain string for a str Enum too (summary.json's status), as wandb serialises it
             self._queue.put(("summary", {k: str(v) if isinstance(v, str) else v for k, v in flat.items()
