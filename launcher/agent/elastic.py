@@ -223,7 +223,10 @@ def run_agent(settings: AgentSettings, rdzv_handler: Any, job: WorkerJob, watch:
         raise
     except Evicted as e:  # its workers are stopped; the round stays open for the others and the spare
         shutdown_rdzv = False
-        torch_private.leave_rendezvous(rdzv_handler)
+        try:
+            torch_private.leave_rendezvous(rdzv_handler)
+        except Exception as left:  # noqa: BLE001  (a store gone: its keep-alives lapse, and the others drop it)
+            log.debug(f"leaving the round failed: {left!r}")
         log.warning(f"this node leaves the job: {e}; its place goes to the spare")
         return {}
     finally:
