@@ -68,8 +68,9 @@ class Eviction:
         if self.judge and not self.said:
             self._judge(handler, now)
         word = self._word()
-        if word is not None and word.get("rank") in self.ranks:
-            raise Evicted(str(word.get("why") or "its ranks were the straggler"))
+        rank = word.get("rank") if word is not None else None
+        if isinstance(rank, int) and not isinstance(rank, bool) and rank in self.ranks:  # (True == 1: not a rank)
+            raise Evicted(str(word.get("why") or "its ranks were the straggler")[:600])  # type: ignore[union-attr]
 
     @property
     def key(self) -> str:
